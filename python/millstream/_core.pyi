@@ -1,0 +1,99 @@
+"""Type stubs of the native module ``millstream._core`` (Rust, PyO3).
+
+This file is the contract between the Rust core and the Python package. Arrow data is
+accepted from any object implementing the Arrow PyCapsule interface (``pyarrow.RecordBatch``,
+``pyarrow.Array``) and returned as ``pyarrow`` objects.
+"""
+
+from typing import Any, final
+
+import pyarrow as pa
+
+__version__: str
+
+class MillstreamError(Exception): ...
+class WindowError(MillstreamError): ...
+class MemoryLimitError(WindowError): ...
+class CommittedIndexError(WindowError): ...
+class SchemaMismatchError(WindowError): ...
+
+@final
+class Window:
+    """A mapper's window (thesis 4.3.1): window entries, one bucket per reducer, bucket
+    pointer counts and the local mapper state. Thread-safe: the ingestion loop pushes while
+    gRPC threads call ``get_rows``. Long operations release the GIL.
+
+    Shuffle indices are absolute; ``committed_row_index`` is the shuffle index of the last row
+    a reducer committed (``-1`` before its first commit), as in thesis 4.3.4.
+    """
+
+    def __init__(
+        self,
+        num_reducers: int,
+        memory_limit_bytes: int,
+        input_unread_row_index: int = 0,
+        shuffle_unread_row_index: int = 0,
+        continuation_token: bytes = b"",
+    ) -> None: ...
+    def push(
+        self,
+        batch: Any,
+        reducer_indices: Any,
+        input_end_row_index: int,
+        continuation_token: bytes,
+    ) -> tuple[int, int]:
+        """Push one mapped batch as a window entry (thesis 4.3.3 step 6).
+
+        The entry covers input rows ``[input_end of previous entry, input_end_row_index)``;
+        its rows get the next shuffle indices, returned as ``(begin, end)``. An empty batch is
+        allowed (the input still advances). ``reducer_indices`` is an int32/uint32 array with
+        one reducer index per row. Does not block on memory; see ``wait_for_room``.
+        """
+    def get_rows(
+        self,
+        reducer_index: int,
+        committed_row_index: int,
+        max_rows: int,
+        max_bytes: int,
+    ) -> tuple[int, int, bytes]:
+        """GetRows (thesis 4.3.4 steps 2-4): pop the bucket up to ``committed_row_index``,
+        trim window entries whose bucket pointer count fell to zero, and return
+        ``(row_count, last_shuffle_row_index, arrow_ipc_stream_bytes)`` for up to ``max_rows``
+        rows / about ``max_bytes`` bytes after it, without removing them. With no rows,
+        ``row_count`` is 0 and ``last_shuffle_row_index`` equals ``committed_row_index``.
+        """
+    def wait_for_room(self, timeout_seconds: float) -> bool:
+        """Block (GIL released) until buffered bytes are at most the memory limit, the
+        window is closed, or the timeout passes. True when there is room."""
+    def local_state(self) -> tuple[int, int, bytes]:
+        """``(input_unread_row_index, shuffle_unread_row_index, continuation_token)``
+        after trimming (thesis 4.3.5)."""
+    def close(self) -> None:
+        """Wake every waiter; later pushes fail."""
+    def bucket_len(self, reducer_index: int) -> int: ...
+    @property
+    def num_reducers(self) -> int: ...
+    @property
+    def memory_limit_bytes(self) -> int: ...
+    @property
+    def buffered_bytes(self) -> int: ...
+    @property
+    def buffered_rows(self) -> int: ...
+    @property
+    def num_entries(self) -> int: ...
+    @property
+    def first_entry_index(self) -> int: ...
+    @property
+    def input_end_row_index(self) -> int:
+        """Input index after the last pushed entry: where the next read starts."""
+    @property
+    def shuffle_end_row_index(self) -> int:
+        """Shuffle index the next pushed row will get."""
+
+def hash_partition(batch: Any, key_columns: list[str], num_reducers: int) -> pa.Array:
+    """Stable reducer index (int32) for every row from the named key columns; the same in
+    every process, platform and release (documented hash, pinned by golden vectors)."""
+
+def decode_ipc(payloads: list[bytes]) -> pa.RecordBatch:
+    """Decode Arrow IPC stream payloads (from ``Window.get_rows``) and concatenate their rows
+    into one record batch. All payloads must share one schema."""
