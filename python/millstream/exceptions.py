@@ -1,0 +1,103 @@
+"""The millstream exception hierarchy.
+
+Every error millstream raises derives from :class:`MillstreamError`. Messages say what was
+wrong and what to do about it. The window errors are created by the Rust core and re-exported
+here unchanged.
+"""
+
+from millstream._core import (
+    CommittedIndexError,
+    MemoryLimitError,
+    MillstreamError,
+    SchemaMismatchError,
+    WindowError,
+)
+
+
+class ConfigurationError(MillstreamError):
+    """The processor is misconfigured (counts, URLs, slots); raised before anything starts."""
+
+
+class StoreError(MillstreamError):
+    """A state store operation failed."""
+
+
+class RetryableStoreError(StoreError):
+    """A store error after which retrying the whole transaction is correct."""
+
+
+class StoreConflictError(RetryableStoreError):
+    """The transaction read data that another transaction changed before it committed."""
+
+
+class CommitUnknownResultError(RetryableStoreError):
+    """The commit may or may not have been applied (FoundationDB error 1021)."""
+
+
+class TransactionTooOldError(RetryableStoreError):
+    """The transaction ran longer than the store allows (five seconds, as in FoundationDB)."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached or opened (down, locked, missing client library)."""
+
+
+class StoreCorruptError(StoreError):
+    """The store's files are damaged or not a millstream store."""
+
+
+class StoreLimitError(StoreError):
+    """A key, value or transaction exceeds the store's limits (FoundationDB's, everywhere)."""
+
+
+class TransactionTooLargeError(StoreLimitError):
+    """A transaction's writes exceed the size limit (10 MB, as in FoundationDB)."""
+
+
+class KeyTooLargeError(StoreLimitError):
+    """A key exceeds 10 kB."""
+
+
+class ValueTooLargeError(StoreLimitError):
+    """A value exceeds 100 kB."""
+
+
+class SplitBrainError(MillstreamError):
+    """Another live instance of the same worker changed its persisted state."""
+
+
+class StaleMapperError(MillstreamError):
+    """A GetRows request named a mapper GUID that is not the serving mapper's."""
+
+
+class UserCodeError(MillstreamError):
+    """The user's ``map`` or ``reduce`` raised; the message names the worker and row range."""
+
+
+class InputError(MillstreamError):
+    """An input partition is unreadable: a corrupt file, a schema change, a missing row."""
+
+
+__all__ = [
+    "CommitUnknownResultError",
+    "CommittedIndexError",
+    "ConfigurationError",
+    "InputError",
+    "KeyTooLargeError",
+    "MemoryLimitError",
+    "MillstreamError",
+    "RetryableStoreError",
+    "SchemaMismatchError",
+    "SplitBrainError",
+    "StaleMapperError",
+    "StoreConflictError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreLimitError",
+    "StoreUnavailableError",
+    "TransactionTooLargeError",
+    "TransactionTooOldError",
+    "UserCodeError",
+    "ValueTooLargeError",
+    "WindowError",
+]

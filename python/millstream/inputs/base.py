@@ -1,0 +1,52 @@
+"""The input model (thesis 4.2): one replayable, trimmable partition per mapper."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What one ``PartitionReader.read`` returns.
+
+    Attributes:
+        batch: The rows read, numbered from the ``begin_row_index`` passed to ``read``;
+            ``None`` or an empty batch when nothing is available yet.
+        continuation_token: Where the next read starts (stored in the persisted mapper
+            state, so keep it small).
+        end_of_input: True when the partition is bounded and every row has been returned;
+            a processor over bounded inputs drains and exits.
+    """
+
+    batch: pa.RecordBatch | None
+    continuation_token: bytes
+    end_of_input: bool = False
+
+
+@runtime_checkable
+class PartitionReader(Protocol):
+    """Reads one input partition in a deterministic order.
+
+    Rows are numbered in the mapper's input numbering: absolute and gap-free. ``read`` must
+    return the same rows for the same ``(begin_row_index, continuation_token)`` every time
+    (after a restart too), and ``trim`` must be idempotent.
+    """
+
+    def read(
+        self, begin_row_index: int, end_row_index_hint: int, continuation_token: bytes
+    ) -> ReadResult:
+        """Return the rows starting at ``begin_row_index`` / ``continuation_token``;
+        ``end_row_index_hint`` bounds how many to return (a hint)."""
+        ...
+
+    def trim(self, row_index: int, continuation_token: bytes) -> None:
+        """Mark every row below ``row_index`` (before ``continuation_token``) as consumed,
+        so it may be deleted. Idempotent; may act asynchronously."""
+        ...
+
+    def close(self) -> None:
+        """Release resources."""
+        ...
