@@ -1,0 +1,476 @@
+"""The store and transaction interface every backend implements.
+
+The public methods here take tuple keys, pack them under the store's prefix, enforce
+FoundationDB's limits and keep the size accounting; backends implement the ``_raw_*``
+methods on packed byte keys.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from millstream.exceptions import ConfigurationError, RetryableStoreError
+from millstream.state.keys import Key, encode_keys, pack, range_of, unpack, wrap_int64
+from millstream.state.limits import DEFAULT_LIMITS, StoreLimits
+
+T = TypeVar("T")
+
+BACKOFF_BASE_SECONDS = 0.005
+"""First retry delay of :meth:`Store.transact` (before jitter)."""
+
+BACKOFF_CAP_SECONDS = 1.0
+"""Largest retry delay of :meth:`Store.transact`."""
+
+DEFAULT_MAX_RETRIES = 100
+"""Retries :meth:`Store.transact` makes before it gives up and raises the last error."""
+
+
+def backoff_delay(attempt: int) -> float:
+    """Jittered exponential backoff: uniform in ``[c/4, c]``, c = min(cap, base * 2**attempt)."""
+    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2 ** min(attempt, 30)))
+    return random.uniform(ceiling / 4, ceiling)
+
+
+def _as_array(values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values
+    return pa.array(values)
+
+
+class Transaction(ABC):
+    """One transaction: reads see a consistent snapshot plus this transaction's own writes.
+
+    Writes are applied atomically by :meth:`commit`, which fails with
+    :class:`~millstream.exceptions.StoreConflictError` if anything this transaction read
+    (without ``snapshot=True``) changed in the meantime. Atomic adds do not read, so
+    concurrent adds to one key never conflict. Keys are tuples relative to the store's
+    prefix; values are bytes.
+
+    A transaction is used by one thread at a time.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._prefix = store.prefix_bytes
+        self._limits = store.limits
+        self._started: float | None = None
+        self._size = 0
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    @property
+    def write_size(self) -> int:
+        """Approximate transaction size so far in bytes, as counted against the limit."""
+        return self._size
+
+    @property
+    def store(self) -> Store:
+        """The store this transaction belongs to."""
+        return self._store
+
+    def _start(self) -> None:
+        now = time.monotonic()
+        if self._started is None:
+            self._started = now
+        else:
+            self._limits.check_age(now - self._started)
+
+    def _grow(self, size: int) -> None:
+        self._size += size
+        self._limits.check_size(self._size)
+
+    def _key(self, key: Key) -> bytes:
+        raw = self._prefix + pack(key)
+        self._limits.check_key(raw)
+        return raw
+
+    def _relative(self, raw: bytes) -> Key:
+        return unpack(raw[len(self._prefix) :])
+
+    def _bounds(self, begin: Key, end: Key) -> tuple[bytes, bytes]:
+        b = self._prefix + pack(begin)
+        e = self._prefix + pack(end)
+        return b, e
+
+    def _batch_keys(self, keyspace: Key, keys: pa.Array | Sequence[Any]) -> list[bytes]:
+        raw = encode_keys(self._prefix + pack(keyspace), keys)
+        if raw:
+            longest = max(raw, key=len)
+            self._limits.check_key(longest)
+        return raw
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get(self, key: Key, *, snapshot: bool = False) -> bytes | None:
+        """Read one key; ``None`` if absent.
+
+        Args:
+            key: The key, relative to the store's prefix.
+            snapshot: Read without adding a read conflict (a later change by another
+                transaction does not make this one fail).
+        """
+        self._start()
+        raw = self._key(key)
+        if not snapshot:
+            self._grow(len(raw))
+        return self._raw_get(raw, snapshot)
+
+    def get_many(
+        self, keyspace: Key, keys: pa.Array | Sequence[Any], *, snapshot: bool = False
+    ) -> list[bytes | None]:
+        """Read ``keyspace + (keys[i],)`` for every i, in one batch.
+
+        Args:
+            keyspace: Tuple prefix shared by the keys.
+            keys: Arrow array (or sequence) of key elements: ints, strings or binaries.
+            snapshot: Read without adding read conflicts.
+
+        Returns:
+            The values, aligned with ``keys``; ``None`` where absent.
+        """
+        self._start()
+        raw = self._batch_keys(keyspace, keys)
+        if not snapshot:
+            self._grow(sum(map(len, raw)))
+        return self._raw_get_many(raw, snapshot)
+
+    def get_range(
+        self,
+        begin: Key,
+        end: Key,
+        limit: int = 0,
+        reverse: bool = False,
+        *,
+        snapshot: bool = False,
+    ) -> list[tuple[Key, bytes]]:
+        """Read the keys in ``[begin, end)`` in key order.
+
+        Args:
+            begin: First key (inclusive).
+            end: End key (exclusive).
+            limit: Return at most this many pairs; 0 means no limit.
+            reverse: Return pairs in descending key order (with ``limit``: the last ones).
+            snapshot: Read without adding a read conflict.
+
+        Returns:
+            ``(key, value)`` pairs, keys relative to the store's prefix.
+        """
+        self._start()
+        b, e = self._bounds(begin, end)
+        return self._decoded_range(b, e, limit, reverse, snapshot)
+
+    def get_range_startswith(
+        self, prefix: Key, limit: int = 0, reverse: bool = False, *, snapshot: bool = False
+    ) -> list[tuple[Key, bytes]]:
+        """Read every key that extends the tuple ``prefix`` (not ``prefix`` itself).
+
+        Args:
+            prefix: The tuple prefix, e.g. ``("counts",)``.
+            limit: Return at most this many pairs; 0 means no limit.
+            reverse: Return pairs in descending key order.
+            snapshot: Read without adding a read conflict.
+        """
+        self._start()
+        b, e = range_of(prefix)
+        return self._decoded_range(self._prefix + b, self._prefix + e, limit, reverse, snapshot)
+
+    def _decoded_range(
+        self, b: bytes, e: bytes, limit: int, reverse: bool, snapshot: bool
+    ) -> list[tuple[Key, bytes]]:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if not snapshot:
+            self._grow(len(b) + len(e))
+        if b >= e:
+            return []
+        n = len(self._prefix)
+        return [(unpack(k[n:]), v) for k, v in self._raw_get_range(b, e, limit, reverse, snapshot)]
+
+    # -- writes -----------------------------------------------------------------------
+
+    def set(self, key: Key, value: bytes) -> None:
+        """Write ``value`` at ``key``."""
+        self._start()
+        raw = self._key(key)
+        if not isinstance(value, bytes):
+            raise TypeError(f"values are bytes; got {type(value).__name__}")
+        self._limits.check_value(raw, len(value))
+        self._grow(len(raw) + len(value))
+        self._raw_set(raw, value)
+
+    def set_many(
+        self,
+        keyspace: Key,
+        keys: pa.Array | Sequence[Any],
+        values: pa.Array | Sequence[bytes],
+    ) -> None:
+        """Write ``values[i]`` at ``keyspace + (keys[i],)`` for every i, in one batch.
+
+        Args:
+            keyspace: Tuple prefix shared by the keys.
+            keys: Arrow array (or sequence) of key elements.
+            values: Arrow binary array (or sequence of bytes) aligned with ``keys``.
+        """
+        self._start()
+        raw = self._batch_keys(keyspace, keys)
+        array = _as_array(values)
+        if len(array) != len(raw):
+            raise ValueError(f"set_many got {len(raw)} keys but {len(array)} values")
+        if array.null_count:
+            raise ConfigurationError("set_many values must not contain nulls; use clear")
+        if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+            raise TypeError(f"set_many values must be a binary array; got {array.type}")
+        if raw:
+            lengths = pc.binary_length(array)
+            longest = pc.max(lengths).as_py()
+            if longest > self._limits.max_value_bytes:
+                index = pc.index(lengths, longest).as_py()
+                self._limits.check_value(raw[index], longest)
+            self._grow(sum(map(len, raw)) + pc.sum(lengths).as_py())
+        self._raw_set_many(raw, array.to_pylist())
+
+    def clear(self, key: Key) -> None:
+        """Delete ``key`` (no error if absent)."""
+        self._start()
+        raw = self._key(key)
+        self._grow(len(raw))
+        self._raw_clear(raw)
+
+    def clear_range(self, begin: Key, end: Key) -> None:
+        """Delete every key in ``[begin, end)``."""
+        self._start()
+        b, e = self._bounds(begin, end)
+        self._grow(len(b) + len(e))
+        if b < e:
+            self._raw_clear_range(b, e)
+
+    def clear_range_startswith(self, prefix: Key) -> None:
+        """Delete every key that extends the tuple ``prefix`` (not ``prefix`` itself)."""
+        self._start()
+        b, e = range_of(prefix)
+        self._grow(len(b) + len(e) + 2 * len(self._prefix))
+        self._raw_clear_range(self._prefix + b, self._prefix + e)
+
+    def add(self, key: Key, delta: int) -> None:
+        """Atomically add ``delta`` to the little-endian int64 at ``key`` (FoundationDB ADD).
+
+        An absent key counts as 0; the sum wraps around in 64 bits. Adding does not read, so
+        it never causes a conflict. Decode the value with
+        :func:`~millstream.state.decode_int64`.
+        """
+        self._start()
+        raw = self._key(key)
+        self._grow(len(raw) + 8)
+        self._raw_add(raw, wrap_int64(int(delta)))
+
+    def add_many(
+        self,
+        keyspace: Key,
+        keys: pa.Array | Sequence[Any],
+        deltas: pa.Array | Sequence[int],
+    ) -> None:
+        """Atomically add ``deltas[i]`` to ``keyspace + (keys[i],)`` for every i.
+
+        The batch form of :meth:`add` for reducers folding many keys into their state. Keys
+        may repeat; every delta is added.
+
+        Args:
+            keyspace: Tuple prefix shared by the keys.
+            keys: Arrow array (or sequence) of key elements: ints, strings or binaries.
+            deltas: Arrow int64 array (or sequence of ints) aligned with ``keys``.
+        """
+        self._start()
+        raw = self._batch_keys(keyspace, keys)
+        array = _as_array(deltas)
+        if len(array) != len(raw):
+            raise ValueError(f"add_many got {len(raw)} keys but {len(array)} deltas")
+        if array.null_count:
+            raise ConfigurationError("add_many deltas must not contain nulls")
+        if not pa.types.is_integer(array.type):
+            raise TypeError(f"add_many deltas must be an integer array; got {array.type}")
+        if raw:
+            self._grow(sum(map(len, raw)) + 8 * len(raw))
+        values = array.cast(pa.int64()).to_numpy(zero_copy_only=False).tolist()
+        self._raw_add_many(raw, values)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Apply every write atomically.
+
+        Raises:
+            StoreConflictError: Something this transaction read changed; retry it.
+            CommitUnknownResultError: The commit may or may not have happened (FoundationDB);
+                retry only if the transaction is idempotent (millstream's are).
+            TransactionTooOldError: The transaction ran longer than five seconds.
+            StoreUnavailableError: The store cannot be reached or stays locked.
+        """
+        if self._started is not None:
+            self._limits.check_age(time.monotonic() - self._started)
+        self._raw_commit()
+
+    def reset(self) -> None:
+        """Discard every read and write so the object can be reused as a new transaction."""
+        self._started = None
+        self._size = 0
+        self._raw_reset()
+
+    # -- backend hooks ------------------------------------------------------------------
+
+    @abstractmethod
+    def _raw_get(self, key: bytes, snapshot: bool) -> bytes | None: ...
+
+    @abstractmethod
+    def _raw_get_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]: ...
+
+    @abstractmethod
+    def _raw_get_range(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
+    ) -> list[tuple[bytes, bytes]]: ...
+
+    @abstractmethod
+    def _raw_set(self, key: bytes, value: bytes) -> None: ...
+
+    @abstractmethod
+    def _raw_set_many(self, keys: list[bytes], values: list[bytes]) -> None: ...
+
+    @abstractmethod
+    def _raw_clear(self, key: bytes) -> None: ...
+
+    @abstractmethod
+    def _raw_clear_range(self, begin: bytes, end: bytes) -> None: ...
+
+    @abstractmethod
+    def _raw_add(self, key: bytes, delta: int) -> None: ...
+
+    @abstractmethod
+    def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None: ...
+
+    @abstractmethod
+    def _raw_commit(self) -> None: ...
+
+    @abstractmethod
+    def _raw_reset(self) -> None: ...
+
+
+class Store(ABC):
+    """A transactional ordered key-value store under a per-processor key prefix.
+
+    Open one with :func:`~millstream.state.open_store`. A store may be used from several
+    threads (each transaction from one thread at a time) and pickled into child processes,
+    which reopen it from its URL; no connection crosses a fork.
+    """
+
+    def __init__(self, url: str, prefix: Key, limits: StoreLimits | None) -> None:
+        if not isinstance(prefix, tuple):
+            raise ConfigurationError(
+                f"store prefix must be a tuple, e.g. ('wordcount',); got {prefix!r}"
+            )
+        self._url = url
+        self._prefix = prefix
+        self._prefix_bytes = pack(prefix)
+        self._limits = limits or DEFAULT_LIMITS
+
+    @property
+    def url(self) -> str:
+        """The URL the store was opened from."""
+        return self._url
+
+    @property
+    def prefix(self) -> Key:
+        """The tuple every key of this store object lives under."""
+        return self._prefix
+
+    @property
+    def prefix_bytes(self) -> bytes:
+        """The packed prefix."""
+        return self._prefix_bytes
+
+    @property
+    def limits(self) -> StoreLimits:
+        """The limits enforced on every transaction."""
+        return self._limits
+
+    @abstractmethod
+    def create_transaction(self) -> Transaction:
+        """Start a transaction; commit it with :meth:`Transaction.commit`."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections. Transactions still open become unusable."""
+
+    def with_prefix(self, prefix: Key) -> Store:
+        """Open the same store under another prefix (a new store object)."""
+        from millstream.state.url import open_store
+
+        return open_store(self._url, prefix=prefix, limits=self._limits)
+
+    def transact(
+        self,
+        fn: Callable[[Transaction], T],
+        *,
+        max_retries: int | None = DEFAULT_MAX_RETRIES,
+    ) -> T:
+        """Run ``fn`` in a new transaction and commit, retrying on retryable errors.
+
+        Each attempt gets a fresh transaction, so ``fn`` must not keep state between calls
+        (it may run several times). Conflicts, commit-unknown-result and too-old errors are
+        retried after a jittered exponential backoff; every other error propagates.
+
+        Args:
+            fn: Called with the transaction; its result is returned after the commit.
+            max_retries: Give up after this many retries and raise the last error; ``None``
+                retries forever.
+
+        Returns:
+            What ``fn`` returned in the attempt that committed.
+        """
+        attempt = 0
+        while True:
+            txn = self.create_transaction()
+            try:
+                result = fn(txn)
+                txn.commit()
+                return result
+            except RetryableStoreError:
+                txn.reset()
+                if max_retries is not None and attempt >= max_retries:
+                    raise
+                time.sleep(backoff_delay(attempt))
+                attempt += 1
+            except BaseException:
+                txn.reset()
+                raise
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Callable[..., Store], tuple[str, Key, StoreLimits]]:
+        from millstream.state.url import open_store
+
+        return open_store, (self._url, self._prefix, self._limits)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._url!r}, prefix={self._prefix!r})"
+
+
+__all__ = [
+    "BACKOFF_BASE_SECONDS",
+    "BACKOFF_CAP_SECONDS",
+    "DEFAULT_MAX_RETRIES",
+    "Store",
+    "Transaction",
+    "backoff_delay",
+]

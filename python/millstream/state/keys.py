@@ -1,0 +1,140 @@
+"""Tuple keys in the FoundationDB tuple-layer encoding, shared by every backend.
+
+The encoding comes from ``fdb.tuple`` (the official binding). That module packs and unpacks
+without ``libfdb_c`` and without ``fdb.api_version`` being called: it only consults the
+selected API version for behaviour older than 520, which millstream never selects. This
+module is the one place that imports it, so the rest of the package never depends on the
+API-version dance.
+
+Packed keys compare bytewise in the same order as their tuples, and ``pack(a + b) ==
+pack(a) + pack(b)``, which the batch encoders below rely on.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import fdb.tuple as _fdb_tuple
+import pyarrow as pa
+
+from millstream.exceptions import ConfigurationError
+
+Key: TypeAlias = tuple[Any, ...]
+"""A state store key: a tuple of ints, strings, bytes, floats, bools, None or nested tuples."""
+
+_INT64 = struct.Struct("<q")
+_UINT64_MOD = 1 << 64
+
+
+def pack(key: Key) -> bytes:
+    """Encode a tuple key (no prefix).
+
+    Raises:
+        TypeError: ``key`` is not a tuple or holds a type the tuple layer cannot encode.
+    """
+    if not isinstance(key, tuple):
+        raise TypeError(
+            f"state store keys are tuples, e.g. ('counts', word); got {type(key).__name__}"
+        )
+    packed: bytes = _fdb_tuple.pack(key)
+    return packed
+
+
+def unpack(data: bytes) -> Key:
+    """Decode bytes produced by :func:`pack`."""
+    key: Key = _fdb_tuple.unpack(data)
+    return key
+
+
+def range_of(prefix: Key) -> tuple[bytes, bytes]:
+    """Packed bounds of every key strictly below ``prefix`` (its children, not itself)."""
+    raw = pack(prefix)
+    return raw + b"\x00", raw + b"\xff"
+
+
+def strinc(key: bytes) -> bytes:
+    """The first byte string greater than every string starting with ``key``."""
+    stripped = key.rstrip(b"\xff")
+    if not stripped:
+        raise ValueError("a key range needs a byte other than 0xff")
+    return stripped[:-1] + bytes((stripped[-1] + 1,))
+
+
+def encode_int64(value: int) -> bytes:
+    """Encode an int as the 8-byte little-endian value atomic add works on."""
+    return _INT64.pack(value)
+
+
+def decode_int64(value: bytes) -> int:
+    """Decode a value written by atomic add: little-endian, two's complement.
+
+    Values shorter than 8 bytes are zero-extended and longer ones truncated, as FoundationDB's
+    ``ADD`` treats them.
+    """
+    if len(value) != 8:
+        value = value[:8].ljust(8, b"\x00")
+    result: int = _INT64.unpack(value)[0]
+    return result
+
+
+def wrap_int64(value: int) -> int:
+    """Wrap an int into the signed 64-bit range (two's complement overflow)."""
+    value %= _UINT64_MOD
+    return value - _UINT64_MOD if value >= 1 << 63 else value
+
+
+def _encode_int(n: int) -> bytes:
+    if n == 0:
+        return b"\x14"
+    if n > 0:
+        length = (n.bit_length() + 7) >> 3
+        if length > 8:
+            return _fdb_tuple.pack((n,))  # type: ignore[no-any-return]
+        return bytes((0x14 + length,)) + n.to_bytes(length, "big")
+    length = ((-n).bit_length() + 7) >> 3
+    if length > 8:
+        return _fdb_tuple.pack((n,))  # type: ignore[no-any-return]
+    return bytes((0x14 - length,)) + (n + (1 << (length << 3)) - 1).to_bytes(length, "big")
+
+
+def _encode_str(s: str) -> bytes:
+    return b"\x02" + s.encode().replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+def _encode_bytes(b: bytes) -> bytes:
+    return b"\x01" + b.replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+def encode_keys(base: bytes, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -> list[bytes]:
+    """Encode ``base + pack((k,))`` for every element of an Arrow array (or sequence).
+
+    Integers, strings and binaries take a tight specialised path that produces exactly the
+    tuple-layer bytes; other types go through ``fdb.tuple.pack``.
+
+    Raises:
+        ConfigurationError: ``keys`` holds nulls (a key element cannot be missing).
+    """
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if isinstance(keys, pa.Array):
+        if keys.null_count:
+            raise ConfigurationError(
+                f"batch keys must not contain nulls; got {keys.null_count} null(s)"
+            )
+        kind = keys.type
+        if pa.types.is_integer(kind):
+            values = keys.to_numpy(zero_copy_only=False).tolist()
+            enc = _encode_int
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            values = keys.to_pylist()
+            enc = _encode_str  # type: ignore[assignment]
+        elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            values = keys.to_pylist()
+            enc = _encode_bytes  # type: ignore[assignment]
+        else:
+            values = keys.to_pylist()
+            return [base + pack((v,)) for v in values]
+        return [base + enc(v) for v in values]
+    return [base + pack((v,)) for v in keys]
