@@ -1,0 +1,384 @@
+"""A partitioned input queue stored in the state store (the analogue of YT's ordered tables).
+
+Producers :meth:`~StoreQueue.append` Arrow record batches to a partition; a mapper reads its
+partition by absolute row index through :meth:`~StoreQueue.reader` and trims what its
+reducers have committed. Rows are stored as Arrow IPC record-batch messages in chunks,
+each split over values of at most 100 kB, with the partition's schema stored once.
+
+Layout under ``QUEUES + (name,)``:
+
+- ``("meta",)``: the number of partitions.
+- ``(p, "schema")``: the partition's Arrow schema (IPC).
+- ``(p, "end")``, ``(p, "first")``: end row index and first untrimmed row index.
+- ``(p, "sealed")``: present once :meth:`~StoreQueue.close_partition` was called.
+- ``(p, "rows", begin, end, part)``: part ``part`` of the chunk holding rows
+  ``[begin, end)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from millstream.exceptions import ConfigurationError, InputError
+from millstream.inputs.base import ReadResult
+from millstream.state.base import Store, Transaction
+from millstream.state.keys import decode_int64, encode_int64, pack, unpack
+from millstream.state.records import QUEUES
+from millstream.state.url import open_store
+
+PART_BYTES = 90_000
+"""Bytes per stored value (below FoundationDB's 100 kB value limit)."""
+
+CHUNK_BYTES = 1_000_000
+"""Target serialized size of one chunk of rows."""
+
+TRANSACTION_BYTES = 4_000_000
+"""Bytes of rows appended or read per transaction (well below the 10 MB limit)."""
+
+DEFAULT_READ_ROWS = 65_536
+"""Rows a read returns when the caller's hint does not bound it."""
+
+
+def _decode_index(raw: bytes | None, default: int = 0) -> int:
+    return default if raw is None else decode_int64(raw)
+
+
+class StoreQueue:
+    """A named, partitioned, unbounded queue of Arrow rows in a state store.
+
+    Concurrent appenders to one partition are safe: each append is a transaction that
+    claims the next row indices. The object pickles (it reopens its store from the URL), so
+    it can be handed to worker processes as a processor input.
+
+    Args:
+        store: Store URL (opened here) or an open :class:`Store`.
+        name: Queue name, unique within the store prefix.
+        num_partitions: Number of partitions; must match what the queue was created with.
+        prefix: Store prefix when ``store`` is a URL.
+    """
+
+    def __init__(
+        self,
+        store: str | Store,
+        name: str,
+        num_partitions: int,
+        *,
+        prefix: tuple[Any, ...] = (),
+    ) -> None:
+        if num_partitions < 1:
+            raise ConfigurationError(f"num_partitions must be >= 1, got {num_partitions}")
+        self._store = open_store(store, prefix=prefix) if isinstance(store, str) else store
+        self._name = name
+        self._num_partitions = num_partitions
+        self._space = (*QUEUES, name)
+        self._store.transact(self._check_meta)
+
+    def _check_meta(self, txn: Transaction) -> None:
+        key = (*self._space, "meta")
+        raw = txn.get(key)
+        if raw is None:
+            txn.set(key, encode_int64(self._num_partitions))
+        elif decode_int64(raw) != self._num_partitions:
+            raise ConfigurationError(
+                f"queue {self._name!r} has {decode_int64(raw)} partitions, not "
+                f"{self._num_partitions}"
+            )
+
+    @property
+    def store(self) -> Store:
+        """The store holding the queue."""
+        return self._store
+
+    @property
+    def name(self) -> str:
+        """The queue name."""
+        return self._name
+
+    @property
+    def num_partitions(self) -> int:
+        """The number of partitions."""
+        return self._num_partitions
+
+    def _key(self, partition: int, *rest: Any) -> tuple[Any, ...]:
+        if not 0 <= partition < self._num_partitions:
+            raise ValueError(
+                f"partition {partition} out of range for queue {self._name!r} "
+                f"with {self._num_partitions} partitions"
+            )
+        return (*self._space, partition, *rest)
+
+    # -- producer -------------------------------------------------------------------------
+
+    def append(self, partition: int, batch: pa.RecordBatch | pa.Table) -> tuple[int, int]:
+        """Append rows to a partition.
+
+        Batches up to a few MB are appended in one transaction; larger ones in several
+        consecutive ones, so concurrent appenders may interleave between those pieces.
+
+        Returns:
+            ``(begin_row_index, end_row_index)`` of the appended rows (first piece's begin,
+            last piece's end).
+
+        Raises:
+            InputError: The schema differs from the partition's, or the partition is sealed.
+        """
+        batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
+        pieces: list[list[tuple[int, bytes]]] = [[]]
+        piece_bytes = 0
+        for whole in batches:
+            for chunk_rows, payload in self._chunks(whole):
+                if pieces[-1] and piece_bytes + len(payload) > TRANSACTION_BYTES:
+                    pieces.append([])
+                    piece_bytes = 0
+                pieces[-1].append((chunk_rows, payload))
+                piece_bytes += len(payload)
+        schema_ipc = batch.schema.serialize().to_pybytes()
+        begin: int | None = None
+        end = 0
+        for piece in pieces:
+
+            def append_piece(
+                txn: Transaction, piece: list[tuple[int, bytes]] = piece
+            ) -> tuple[int, int]:
+                return self._append_piece(txn, partition, schema_ipc, piece)
+
+            b, end = self._store.transact(append_piece)
+            begin = b if begin is None else begin
+        assert begin is not None
+        return begin, end
+
+    def _chunks(self, batch: pa.RecordBatch) -> list[tuple[int, bytes]]:
+        if batch.num_rows == 0:
+            return []
+        per_row = max(1, batch.nbytes // batch.num_rows)
+        rows = max(1, CHUNK_BYTES // per_row)
+        out = []
+        for start in range(0, batch.num_rows, rows):
+            piece = batch.slice(start, rows)
+            out.append((piece.num_rows, piece.serialize().to_pybytes()))
+        return out
+
+    def _append_piece(
+        self,
+        txn: Transaction,
+        partition: int,
+        schema_ipc: bytes,
+        chunks: list[tuple[int, bytes]],
+    ) -> tuple[int, int]:
+        if txn.get(self._key(partition, "sealed")) is not None:
+            raise InputError(f"queue {self._name!r} partition {partition} is sealed")
+        stored_schema = txn.get(self._key(partition, "schema"))
+        if stored_schema is None:
+            txn.set(self._key(partition, "schema"), schema_ipc)
+        elif stored_schema != schema_ipc:
+            expected = pa.ipc.read_schema(pa.py_buffer(stored_schema))
+            got = pa.ipc.read_schema(pa.py_buffer(schema_ipc))
+            raise InputError(
+                f"queue {self._name!r} partition {partition} holds rows with schema\n"
+                f"{expected}\nbut the appended batch has schema\n{got}\n"
+                "Append batches with the same schema (cast them first)."
+            )
+        begin = _decode_index(txn.get(self._key(partition, "end")))
+        row = begin
+        for count, payload in chunks:
+            for part, offset in enumerate(range(0, len(payload), PART_BYTES)):
+                txn.set(
+                    self._key(partition, "rows", row, row + count, part),
+                    payload[offset : offset + PART_BYTES],
+                )
+            row += count
+        txn.set(self._key(partition, "end"), encode_int64(row))
+        return begin, row
+
+    def close_partition(self, partition: int) -> int:
+        """Seal a partition: no more appends; readers report the end of input there.
+
+        Returns:
+            The partition's final end row index.
+        """
+
+        def seal(txn: Transaction) -> int:
+            end = _decode_index(txn.get(self._key(partition, "end")))
+            txn.set(self._key(partition, "sealed"), encode_int64(end))
+            return end
+
+        return self._store.transact(seal)
+
+    # -- consumer -------------------------------------------------------------------------
+
+    def first_row_index(self, partition: int) -> int:
+        """The first row not trimmed."""
+        return self._store.transact(
+            lambda txn: _decode_index(txn.get(self._key(partition, "first"), snapshot=True))
+        )
+
+    def end_row_index(self, partition: int) -> int:
+        """One past the last appended row."""
+        return self._store.transact(
+            lambda txn: _decode_index(txn.get(self._key(partition, "end"), snapshot=True))
+        )
+
+    def is_sealed(self, partition: int) -> bool:
+        """Whether :meth:`close_partition` was called."""
+        return self._store.transact(
+            lambda txn: txn.get(self._key(partition, "sealed"), snapshot=True) is not None
+        )
+
+    def _chunk_at(self, txn: Transaction, partition: int, row: int) -> tuple[int, int] | None:
+        """``(begin, end)`` of the stored chunk holding ``row``, if any."""
+        found = txn.get_range(
+            self._key(partition, "rows"),
+            self._key(partition, "rows", row + 1),
+            limit=1,
+            reverse=True,
+            snapshot=True,
+        )
+        if not found:
+            return None
+        key = found[0][0]
+        begin, end = int(key[-3]), int(key[-2])
+        return (begin, end) if begin <= row < end else None
+
+    def read(self, partition: int, begin_row_index: int, max_rows: int) -> ReadResult:
+        """Read up to ``max_rows`` rows starting at ``begin_row_index`` (see :meth:`reader`).
+
+        Raises:
+            InputError: The rows were trimmed, or ``begin_row_index`` is negative.
+        """
+        return self._store.transact(
+            lambda txn: self._read(txn, partition, begin_row_index, max(1, max_rows))
+        )
+
+    def _read(self, txn: Transaction, partition: int, begin: int, max_rows: int) -> ReadResult:
+        first = _decode_index(txn.get(self._key(partition, "first"), snapshot=True))
+        if begin < first:
+            raise InputError(
+                f"queue {self._name!r} partition {partition}: rows below {first} were trimmed; "
+                f"cannot read from row {begin}"
+            )
+        end = _decode_index(txn.get(self._key(partition, "end"), snapshot=True))
+        sealed = txn.get(self._key(partition, "sealed"), snapshot=True) is not None
+        token = pack((begin,))
+        if begin >= end:
+            return ReadResult(None, token, end_of_input=sealed and begin >= end)
+        stop = min(end, begin + max_rows)
+        chunk = self._chunk_at(txn, partition, begin)
+        if chunk is None:
+            raise InputError(
+                f"queue {self._name!r} partition {partition}: row {begin} is missing from the "
+                "store (trimmed concurrently or damaged)"
+            )
+        schema_raw = txn.get(self._key(partition, "schema"), snapshot=True)
+        assert schema_raw is not None
+        schema = pa.ipc.read_schema(pa.py_buffer(schema_raw))
+        limit = TRANSACTION_BYTES // PART_BYTES + 1
+        rows = txn.get_range(
+            self._key(partition, "rows", chunk[0]),
+            self._key(partition, "rows", stop),
+            limit=limit,
+            snapshot=True,
+        )
+        parts: dict[tuple[int, int], list[bytes]] = {}
+        for key, value in rows:
+            parts.setdefault((int(key[-3]), int(key[-2])), []).append(value)
+        if len(rows) == limit:
+            last = next(reversed(parts))
+            if len(parts) > 1:
+                del parts[last]
+            else:
+                parts[last] = [
+                    v
+                    for _, v in txn.get_range_startswith(
+                        self._key(partition, "rows", *last), snapshot=True
+                    )
+                ]
+        batches = []
+        for (chunk_begin, chunk_end), values in parts.items():
+            decoded = pa.ipc.read_record_batch(pa.py_buffer(b"".join(values)), schema)
+            if decoded.num_rows != chunk_end - chunk_begin:
+                raise InputError(
+                    f"queue {self._name!r} partition {partition}: chunk [{chunk_begin}, "
+                    f"{chunk_end}) holds {decoded.num_rows} rows"
+                )
+            lo = max(begin, chunk_begin) - chunk_begin
+            hi = min(stop, chunk_end) - chunk_begin
+            if hi > lo:
+                batches.append(decoded.slice(lo, hi - lo))
+        if not batches:
+            return ReadResult(None, token, end_of_input=False)
+        if len(batches) == 1:
+            out = batches[0]
+        else:
+            out = pa.Table.from_batches(batches, schema).combine_chunks().to_batches()[0]
+        after = begin + out.num_rows
+        return ReadResult(out, pack((after,)), end_of_input=sealed and after >= end)
+
+    def trim(self, partition: int, row_index: int) -> None:
+        """Delete the rows below ``row_index``; idempotent, never moves backwards."""
+
+        def trim(txn: Transaction) -> None:
+            first = _decode_index(txn.get(self._key(partition, "first")))
+            if row_index <= first:
+                return
+            end = _decode_index(txn.get(self._key(partition, "end"), snapshot=True))
+            target = min(row_index, end)
+            chunk = self._chunk_at(txn, partition, target)
+            below = chunk[0] if chunk is not None else target
+            txn.clear_range(self._key(partition, "rows"), self._key(partition, "rows", below))
+            txn.set(self._key(partition, "first"), encode_int64(target))
+
+        self._store.transact(trim)
+
+    def reader(self, partition: int) -> StoreQueueReader:
+        """A :class:`~millstream.inputs.base.PartitionReader` over one partition."""
+        self._key(partition)
+        return StoreQueueReader(self, partition)
+
+    def close(self) -> None:
+        """Close the store connections."""
+        self._store.close()
+
+
+class StoreQueueReader:
+    """Reads one partition of a :class:`StoreQueue` by absolute row index.
+
+    The continuation token is the tuple-packed next row index; ``end_of_input`` turns true
+    only once the partition is sealed and fully read.
+    """
+
+    def __init__(self, queue: StoreQueue, partition: int) -> None:
+        self._queue = queue
+        self._partition = partition
+
+    @property
+    def partition(self) -> int:
+        """The partition read."""
+        return self._partition
+
+    def read(
+        self, begin_row_index: int, end_row_index_hint: int, continuation_token: bytes
+    ) -> ReadResult:
+        """Return rows from ``begin_row_index``, at most up to ``end_row_index_hint``."""
+        if continuation_token:
+            (token_row,) = unpack(continuation_token)
+            if token_row != begin_row_index:
+                raise InputError(
+                    f"continuation token points at row {token_row} but the read starts at "
+                    f"row {begin_row_index}"
+                )
+        if begin_row_index < 0:
+            raise InputError(f"row indices start at 0, got {begin_row_index}")
+        hint = end_row_index_hint - begin_row_index
+        max_rows = hint if hint > 0 else DEFAULT_READ_ROWS
+        return self._queue.read(self._partition, begin_row_index, max_rows)
+
+    def trim(self, row_index: int, continuation_token: bytes) -> None:
+        """Delete the rows below ``row_index`` (idempotent)."""
+        self._queue.trim(self._partition, row_index)
+
+    def close(self) -> None:
+        """Nothing to release: the queue owns the store."""
+
+
+__all__ = ["StoreQueue", "StoreQueueReader"]
