@@ -100,11 +100,16 @@ class Transaction(ABC):
         return self._store
 
     def _start(self) -> None:
+        """Note the first operation; reads past the time limit fail (as on FoundationDB)."""
         now = time.monotonic()
         if self._started is None:
             self._started = now
         else:
             self._limits.check_age(now - self._started)
+
+    def _start_write(self) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
 
     def _grow(self, size: int) -> None:
         self._size += size
@@ -221,7 +226,7 @@ class Transaction(ABC):
 
     def set(self, key: Key, value: bytes) -> None:
         """Write ``value`` at ``key``."""
-        self._start()
+        self._start_write()
         raw = self._key(key)
         if not isinstance(value, bytes):
             raise TypeError(f"values are bytes; got {type(value).__name__}")
@@ -242,7 +247,7 @@ class Transaction(ABC):
             keys: Arrow array (or sequence) of key elements.
             values: Arrow binary array (or sequence of bytes) aligned with ``keys``.
         """
-        self._start()
+        self._start_write()
         key_array = _as_array(keys)
         array = _as_array(values)
         if len(array) != len(key_array):
@@ -266,14 +271,14 @@ class Transaction(ABC):
 
     def clear(self, key: Key) -> None:
         """Delete ``key`` (no error if absent)."""
-        self._start()
+        self._start_write()
         raw = self._key(key)
         self._grow(len(raw))
         self._raw_clear(raw)
 
     def clear_range(self, begin: Key, end: Key) -> None:
         """Delete every key in ``[begin, end)``."""
-        self._start()
+        self._start_write()
         b, e = self._bounds(begin, end)
         self._grow(len(b) + len(e))
         if b < e:
@@ -281,7 +286,7 @@ class Transaction(ABC):
 
     def clear_range_startswith(self, prefix: Key) -> None:
         """Delete every key that extends the tuple ``prefix`` (not ``prefix`` itself)."""
-        self._start()
+        self._start_write()
         b, e = range_of(prefix)
         self._grow(len(b) + len(e) + 2 * len(self._prefix))
         self._raw_clear_range(self._prefix + b, self._prefix + e)
@@ -293,7 +298,7 @@ class Transaction(ABC):
         it never causes a conflict. Decode the value with
         :func:`~millstream.state.decode_int64`.
         """
-        self._start()
+        self._start_write()
         raw = self._key(key)
         self._grow(len(raw) + 8)
         self._raw_add(raw, wrap_int64(int(delta)))
@@ -314,7 +319,7 @@ class Transaction(ABC):
             keys: Arrow array (or sequence) of key elements: ints, strings or binaries.
             deltas: Arrow int64 array (or sequence of ints) aligned with ``keys``.
         """
-        self._start()
+        self._start_write()
         key_array = _as_array(keys)
         array = _as_array(deltas)
         if len(array) != len(key_array):

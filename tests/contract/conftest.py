@@ -1,0 +1,64 @@
+"""Fixtures for the state store contract suite: every test runs on every available backend.
+
+SQLite always runs. FoundationDB runs when libfdb_c loads and a cluster file exists
+(``$MILLSTREAM_FDB_CLUSTER_FILE``, else ``/etc/foundationdb/fdb.cluster``); otherwise its
+cases are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from millstream.state import Store, StoreLimits, open_store
+from millstream.state.fdb_backend import DEFAULT_CLUSTER_FILE, fdb_availability
+
+FDB_CLUSTER_FILE = os.environ.get("MILLSTREAM_FDB_CLUSTER_FILE", DEFAULT_CLUSTER_FILE)
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("fdb", id="fdb", marks=pytest.mark.fdb),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL per backend (a fresh SQLite file; the FoundationDB cluster)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    reason = fdb_availability(FDB_CLUSTER_FILE)
+    if reason is not None:
+        pytest.skip(reason.split(" Install ")[0])
+    return f"fdb://{FDB_CLUSTER_FILE}"
+
+
+StoreFactory = Callable[..., Store]
+
+
+@pytest.fixture
+def make_store(store_url: str) -> Iterator[StoreFactory]:
+    """Open stores under one unique prefix (so runs on a shared cluster do not collide);
+    everything under it is cleared afterwards."""
+    prefix = ("millstream-test", uuid.uuid4().hex)
+    opened: list[Store] = []
+
+    def make(limits: StoreLimits | None = None) -> Store:
+        store = open_store(store_url, prefix=prefix, limits=limits)
+        opened.append(store)
+        return store
+
+    yield make
+    cleaner = open_store(store_url, prefix=prefix)
+    cleaner.transact(lambda txn: txn.clear_range_startswith(()))
+    cleaner.close()
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: StoreFactory) -> Store:
+    """A store with FoundationDB's default limits under a unique prefix."""
+    return make_store()
