@@ -10,6 +10,7 @@ from typing import Any, final
 import pyarrow as pa
 
 __version__: str
+__build_profile__: str
 
 class MillstreamError(Exception): ...
 class WindowError(MillstreamError): ...
@@ -46,8 +47,16 @@ class Window:
 
         The entry covers input rows ``[input_end of previous entry, input_end_row_index)``;
         its rows get the next shuffle indices, returned as ``(begin, end)``. An empty batch is
-        allowed (the input still advances). ``reducer_indices`` is an int32/uint32 array with
-        one reducer index per row. Does not block on memory; see ``wait_for_room``.
+        allowed (the input still advances). ``reducer_indices`` is an integer array (int32 or
+        uint32 preferred; any width, no nulls) with one reducer index per row. Does not block
+        on memory; see ``wait_for_room``. The first batch with rows fixes the window's schema;
+        a batch with different fields raises ``SchemaMismatchError``. Rows at or below their
+        reducer's highest committed index are dropped (see ``get_rows``).
+
+        Raises:
+            WindowError: reducer index out of range, length mismatch, closed window.
+            MemoryLimitError: the batch alone needs more than ``memory_limit_bytes``.
+            SchemaMismatchError: the batch's fields differ from the window's.
         """
     def get_rows(
         self,
@@ -70,7 +79,14 @@ class Window:
         after trimming (thesis 4.3.5)."""
     def close(self) -> None:
         """Wake every waiter; later pushes fail."""
-    def bucket_len(self, reducer_index: int) -> int: ...
+    def bucket_len(self, reducer_index: int) -> int:
+        """Rows buffered for the reducer and not committed by it."""
+    def pending_shuffle_indices(self, reducer_index: int) -> list[int]:
+        """Shuffle indices of the reducer's pending rows, in order (tests, debugging)."""
+    def bucket_pointer_counts(self) -> list[int]:
+        """Bucket pointer count of every window entry, front first."""
+    @property
+    def closed(self) -> bool: ...
     @property
     def num_reducers(self) -> int: ...
     @property
@@ -94,6 +110,10 @@ def hash_partition(batch: Any, key_columns: list[str], num_reducers: int) -> pa.
     """Stable reducer index (int32) for every row from the named key columns; the same in
     every process, platform and release (documented hash, pinned by golden vectors)."""
 
+def hash_keys(batch: Any, key_columns: list[str]) -> pa.Array:
+    """The 64-bit row hash (uint64) behind ``hash_partition``; reducer = (hash * n) >> 64."""
+
 def decode_ipc(payloads: list[bytes]) -> pa.RecordBatch:
     """Decode Arrow IPC stream payloads (from ``Window.get_rows``) and concatenate their rows
-    into one record batch. All payloads must share one schema."""
+    into one record batch. All payloads with rows must share one schema; payloads without
+    rows only contribute their schema, and empty ``bytes`` are skipped. The GIL is released."""

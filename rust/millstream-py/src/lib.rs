@@ -1,21 +1,38 @@
-use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+//! Thin PyO3 bindings of millstream-core, compiled into `millstream._core`. Arrow data
+//! crosses the boundary through the Arrow PyCapsule interface (pyo3-arrow) without copies.
+
 use pyo3::prelude::*;
 
-create_exception!(_core, MillstreamError, PyException);
-create_exception!(_core, WindowError, MillstreamError);
-create_exception!(_core, MemoryLimitError, WindowError);
-create_exception!(_core, CommittedIndexError, WindowError);
-create_exception!(_core, SchemaMismatchError, WindowError);
+mod errors;
+mod functions;
+mod gil;
+mod window;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("MillstreamError", py.get_type::<MillstreamError>())?;
-    m.add("WindowError", py.get_type::<WindowError>())?;
-    m.add("MemoryLimitError", py.get_type::<MemoryLimitError>())?;
-    m.add("CommittedIndexError", py.get_type::<CommittedIndexError>())?;
-    m.add("SchemaMismatchError", py.get_type::<SchemaMismatchError>())?;
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    m.add("__build_profile__", profile)?;
+    errors::register(m)?;
+    m.add_class::<window::PyWindow>()?;
+    m.add_function(wrap_pyfunction!(functions::hash_partition, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::hash_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::decode_ipc, m)?)?;
+    if cfg!(debug_assertions) {
+        let warnings = py.import("warnings")?;
+        warnings.call_method1(
+            "warn",
+            (
+                "millstream._core is a debug build: it is many times slower than a release \
+                 build; do not benchmark it (build with `maturin develop --release`)",
+                py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
+            ),
+        )?;
+    }
     Ok(())
 }

@@ -1,0 +1,179 @@
+//! [`SharedWindow`]: a [`Window`] behind a mutex, for the ingestion thread that pushes and
+//! the RPC threads that serve `GetRows` at the same time, with a condition variable to wait
+//! for memory.
+//!
+//! Expensive work happens outside the lock: a push groups its batch by reducer before taking
+//! it, and `get_rows` encodes its IPC stream after releasing it. Pushes are serialized among
+//! themselves by a second mutex.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use arrow_array::{Array, RecordBatch};
+
+use crate::error::{Error, Result};
+use crate::ipc::IpcPayload;
+use crate::window::{PreparedEntry, Window};
+
+/// Outcome of [`SharedWindow::wait_for_room`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Buffered bytes are at most the memory limit.
+    Available,
+    /// The window was closed (and is over its limit).
+    Closed,
+    /// The timeout passed first.
+    TimedOut,
+}
+
+/// Result of [`SharedWindow::get_rows`].
+#[derive(Debug, Clone)]
+pub struct GetRowsResult {
+    /// Rows returned.
+    pub row_count: u64,
+    /// Shuffle index of the last row returned, or the committed index with no rows.
+    pub last_shuffle_row_index: i64,
+    /// The rows as an Arrow IPC stream (schema only with no rows).
+    pub payload: IpcPayload,
+}
+
+#[derive(Debug)]
+struct Inner {
+    window: Window,
+    closed: bool,
+}
+
+/// A thread-safe [`Window`].
+#[derive(Debug)]
+pub struct SharedWindow {
+    inner: Mutex<Inner>,
+    room: Condvar,
+    push_lock: Mutex<()>,
+}
+
+impl SharedWindow {
+    /// Wraps a window.
+    pub fn new(window: Window) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                window,
+                closed: false,
+            }),
+            room: Condvar::new(),
+            push_lock: Mutex::new(()),
+        }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Inner>> {
+        self.inner.lock().map_err(|_| Error::Poisoned)
+    }
+
+    /// Runs `f` on the window under the lock.
+    pub fn with<T>(&self, f: impl FnOnce(&Window) -> T) -> Result<T> {
+        Ok(f(&self.lock()?.window))
+    }
+
+    /// [`Window::push`]; the batch is grouped by reducer without holding the lock.
+    pub fn push(
+        &self,
+        batch: RecordBatch,
+        reducer_indices: &dyn Array,
+        input_end_row_index: i64,
+        continuation_token: Vec<u8>,
+    ) -> Result<(i64, i64)> {
+        let _pushing = self.push_lock.lock().map_err(|_| Error::Poisoned)?;
+        let ctx = {
+            let inner = self.lock()?;
+            if inner.closed {
+                return Err(Error::Closed);
+            }
+            inner.window.push_context()
+        };
+        let prepared = PreparedEntry::build(
+            ctx,
+            batch,
+            reducer_indices,
+            input_end_row_index,
+            continuation_token,
+        )?;
+        let mut inner = self.lock()?;
+        if inner.closed {
+            return Err(Error::Closed);
+        }
+        let before = inner.window.buffered_bytes();
+        let range = inner.window.append(prepared)?;
+        if inner.window.buffered_bytes() < before {
+            self.room.notify_all();
+        }
+        Ok(range)
+    }
+
+    /// [`Window::get_rows`], with the rows encoded as an IPC stream outside the lock.
+    pub fn get_rows(
+        &self,
+        reducer_index: i64,
+        committed_row_index: i64,
+        max_rows: i64,
+        max_bytes: i64,
+    ) -> Result<GetRowsResult> {
+        let rows = {
+            let mut inner = self.lock()?;
+            let trimmed = inner
+                .window
+                .pop_committed(reducer_index, committed_row_index)?;
+            if trimmed {
+                self.room.notify_all();
+            }
+            inner.window.peek_rows(reducer_index, max_rows, max_bytes)?
+        };
+        Ok(GetRowsResult {
+            row_count: rows.row_count,
+            last_shuffle_row_index: if rows.row_count == 0 {
+                committed_row_index
+            } else {
+                rows.last_shuffle_row_index
+            },
+            payload: rows.to_ipc()?,
+        })
+    }
+
+    /// Waits at most `timeout` (`None`: forever) until buffered bytes are at most the memory
+    /// limit or the window is closed.
+    pub fn wait_for_room(&self, timeout: Option<Duration>) -> Result<Room> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut inner = self.lock()?;
+        loop {
+            if inner.window.has_room() {
+                return Ok(Room::Available);
+            }
+            if inner.closed {
+                return Ok(Room::Closed);
+            }
+            inner = match deadline {
+                None => self.room.wait(inner).map_err(|_| Error::Poisoned)?,
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(Room::TimedOut);
+                    }
+                    self.room
+                        .wait_timeout(inner, left)
+                        .map_err(|_| Error::Poisoned)?
+                        .0
+                }
+            };
+        }
+    }
+
+    /// Closes the window: wakes every waiter; later pushes fail. `get_rows` keeps working.
+    pub fn close(&self) -> Result<()> {
+        self.lock()?.closed = true;
+        self.room.notify_all();
+        Ok(())
+    }
+
+    /// True once [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> Result<bool> {
+        Ok(self.lock()?.closed)
+    }
+}

@@ -1,0 +1,207 @@
+//! `millstream._core.Window`: the thread-safe mapper window.
+
+use std::time::{Duration, Instant};
+
+use millstream_core::{LocalMapperState, Room, SharedWindow, Window, WindowOptions};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::PyBytes;
+use pyo3_arrow::{PyArray, PyRecordBatch};
+
+use crate::errors::{BindingError, BindingResult};
+use crate::gil::detached;
+
+/// How long `wait_for_room` waits between checks for Python signals.
+const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// A mapper's window; see `_core.pyi`.
+#[pyclass(name = "Window", module = "millstream._core", frozen)]
+pub struct PyWindow {
+    inner: SharedWindow,
+}
+
+impl PyWindow {
+    fn read<T>(&self, f: impl FnOnce(&Window) -> T) -> BindingResult<T> {
+        Ok(self.inner.with(f)?)
+    }
+}
+
+#[pymethods]
+impl PyWindow {
+    #[new]
+    #[pyo3(signature = (
+        num_reducers,
+        memory_limit_bytes,
+        input_unread_row_index = 0,
+        shuffle_unread_row_index = 0,
+        continuation_token = None,
+    ))]
+    fn new(
+        num_reducers: u32,
+        memory_limit_bytes: u64,
+        input_unread_row_index: i64,
+        shuffle_unread_row_index: i64,
+        continuation_token: Option<PyBackedBytes>,
+    ) -> BindingResult<Self> {
+        let window = Window::new(WindowOptions {
+            num_reducers,
+            memory_limit_bytes,
+            initial_state: LocalMapperState {
+                input_unread_row_index,
+                shuffle_unread_row_index,
+                continuation_token: continuation_token.map(|t| t.to_vec()).unwrap_or_default(),
+            },
+        })?;
+        Ok(Self {
+            inner: SharedWindow::new(window),
+        })
+    }
+
+    fn push(
+        &self,
+        py: Python<'_>,
+        batch: PyRecordBatch,
+        reducer_indices: PyArray,
+        input_end_row_index: i64,
+        continuation_token: PyBackedBytes,
+    ) -> BindingResult<(i64, i64)> {
+        let batch = batch.into_inner();
+        let (indices, _) = reducer_indices.into_inner();
+        let token = continuation_token.to_vec();
+        Ok(detached(py, || {
+            self.inner
+                .push(batch, indices.as_ref(), input_end_row_index, token)
+        })??)
+    }
+
+    fn get_rows<'py>(
+        &self,
+        py: Python<'py>,
+        reducer_index: i64,
+        committed_row_index: i64,
+        max_rows: i64,
+        max_bytes: i64,
+    ) -> BindingResult<(u64, i64, Bound<'py, PyBytes>)> {
+        let result = detached(py, || {
+            self.inner
+                .get_rows(reducer_index, committed_row_index, max_rows, max_bytes)
+        })??;
+        let payload = &result.payload;
+        let bytes = PyBytes::new_with(py, payload.len(), |out| {
+            detached(py, || payload.write_to(out))
+        })?;
+        Ok((result.row_count, result.last_shuffle_row_index, bytes))
+    }
+
+    fn wait_for_room(&self, py: Python<'_>, timeout_seconds: f64) -> BindingResult<bool> {
+        if timeout_seconds.is_nan() || timeout_seconds < 0.0 {
+            return Err(BindingError::Core(millstream_core::Error::InvalidArgument(
+                format!("timeout_seconds must be >= 0, got {timeout_seconds}"),
+            )));
+        }
+        let deadline = Duration::try_from_secs_f64(timeout_seconds)
+            .ok()
+            .and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let slice = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(SIGNAL_CHECK_INTERVAL),
+                None => SIGNAL_CHECK_INTERVAL,
+            };
+            match detached(py, || self.inner.wait_for_room(Some(slice)))?? {
+                Room::Available => return Ok(true),
+                Room::Closed => return Ok(false),
+                Room::TimedOut => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(false);
+            }
+        }
+    }
+
+    fn local_state<'py>(&self, py: Python<'py>) -> BindingResult<(i64, i64, Bound<'py, PyBytes>)> {
+        let state = self.read(|w| w.local_state().clone())?;
+        Ok((
+            state.input_unread_row_index,
+            state.shuffle_unread_row_index,
+            PyBytes::new(py, &state.continuation_token),
+        ))
+    }
+
+    fn close(&self) -> BindingResult<()> {
+        Ok(self.inner.close()?)
+    }
+
+    fn bucket_len(&self, reducer_index: i64) -> BindingResult<u64> {
+        Ok(self.read(|w| w.bucket_len(reducer_index))??)
+    }
+
+    fn pending_shuffle_indices(&self, reducer_index: i64) -> BindingResult<Vec<i64>> {
+        Ok(self.read(|w| w.pending_shuffle_indices(reducer_index))??)
+    }
+
+    fn bucket_pointer_counts(&self) -> BindingResult<Vec<u32>> {
+        self.read(Window::bucket_pointer_counts)
+    }
+
+    #[getter]
+    fn num_reducers(&self) -> BindingResult<u32> {
+        self.read(Window::num_reducers)
+    }
+
+    #[getter]
+    fn memory_limit_bytes(&self) -> BindingResult<u64> {
+        self.read(Window::memory_limit_bytes)
+    }
+
+    #[getter]
+    fn buffered_bytes(&self) -> BindingResult<u64> {
+        self.read(Window::buffered_bytes)
+    }
+
+    #[getter]
+    fn buffered_rows(&self) -> BindingResult<u64> {
+        self.read(Window::buffered_rows)
+    }
+
+    #[getter]
+    fn num_entries(&self) -> BindingResult<usize> {
+        self.read(Window::num_entries)
+    }
+
+    #[getter]
+    fn first_entry_index(&self) -> BindingResult<u64> {
+        self.read(Window::first_entry_index)
+    }
+
+    #[getter]
+    fn input_end_row_index(&self) -> BindingResult<i64> {
+        self.read(Window::input_end_row_index)
+    }
+
+    #[getter]
+    fn shuffle_end_row_index(&self) -> BindingResult<i64> {
+        self.read(Window::shuffle_end_row_index)
+    }
+
+    #[getter]
+    fn closed(&self) -> BindingResult<bool> {
+        Ok(self.inner.is_closed()?)
+    }
+
+    fn __repr__(&self) -> BindingResult<String> {
+        self.read(|w| {
+            format!(
+                "Window(num_reducers={}, entries={}, buffered_rows={}, buffered_bytes={}, \
+                 memory_limit_bytes={}, shuffle_end_row_index={})",
+                w.num_reducers(),
+                w.num_entries(),
+                w.buffered_rows(),
+                w.buffered_bytes(),
+                w.memory_limit_bytes(),
+                w.shuffle_end_row_index()
+            )
+        })
+    }
+}
