@@ -26,6 +26,7 @@ Key: TypeAlias = tuple[Any, ...]
 
 _INT64 = struct.Struct("<q")
 _UINT64_MOD = 1 << 64
+_UINT64_MAX = _UINT64_MOD - 1  # fdb.tuple switches to its arbitrary-size code here
 
 
 def pack(key: Key) -> bytes:
@@ -88,14 +89,12 @@ def wrap_int64(value: int) -> int:
 def _encode_int(n: int) -> bytes:
     if n == 0:
         return b"\x14"
+    if n >= _UINT64_MAX or -n >= _UINT64_MAX:
+        return _fdb_tuple.pack((n,))  # type: ignore[no-any-return]
     if n > 0:
         length = (n.bit_length() + 7) >> 3
-        if length > 8:
-            return _fdb_tuple.pack((n,))  # type: ignore[no-any-return]
         return bytes((0x14 + length,)) + n.to_bytes(length, "big")
     length = ((-n).bit_length() + 7) >> 3
-    if length > 8:
-        return _fdb_tuple.pack((n,))  # type: ignore[no-any-return]
     return bytes((0x14 - length,)) + (n + (1 << (length << 3)) - 1).to_bytes(length, "big")
 
 

@@ -1,0 +1,76 @@
+"""Tuple-layer key encoding: the fast batch encoders agree with fdb.tuple."""
+
+from __future__ import annotations
+
+import fdb.tuple
+import pyarrow as pa
+from hypothesis import given
+from hypothesis import strategies as st
+from millstream.state.keys import (
+    decode_int64,
+    encode_int64,
+    encode_keys,
+    pack,
+    range_of,
+    strinc,
+    unpack,
+    wrap_int64,
+)
+
+BASE = pack(("p", "space"))
+
+
+@given(st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1)))
+def test_int64_batch_encoding_matches_fdb(values: list[int]) -> None:
+    encoded = encode_keys(BASE, pa.array(values, pa.int64()))
+    assert encoded == [fdb.tuple.pack(("p", "space", v)) for v in values]
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**64 - 1)))
+def test_uint64_batch_encoding_matches_fdb(values: list[int]) -> None:
+    encoded = encode_keys(BASE, pa.array(values, pa.uint64()))
+    assert encoded == [fdb.tuple.pack(("p", "space", v)) for v in values]
+
+
+@given(st.lists(st.text()))
+def test_string_batch_encoding_matches_fdb(values: list[str]) -> None:
+    assert encode_keys(BASE, pa.array(values, pa.string())) == [
+        fdb.tuple.pack(("p", "space", v)) for v in values
+    ]
+
+
+@given(st.lists(st.binary()))
+def test_binary_batch_encoding_matches_fdb(values: list[bytes]) -> None:
+    assert encode_keys(BASE, pa.array(values, pa.binary())) == [
+        fdb.tuple.pack(("p", "space", v)) for v in values
+    ]
+
+
+@given(
+    st.tuples(
+        st.integers(), st.text(), st.binary(), st.none(), st.booleans(), st.floats(allow_nan=False)
+    )
+)
+def test_pack_round_trips(key: tuple[object, ...]) -> None:
+    assert unpack(pack(key)) == key
+
+
+@given(st.integers(min_value=-(2**70), max_value=2**70))
+def test_int64_values_wrap_like_fdb_add(value: int) -> None:
+    wrapped = wrap_int64(value)
+    assert -(2**63) <= wrapped < 2**63
+    assert (wrapped - value) % 2**64 == 0
+    assert decode_int64(encode_int64(wrapped)) == wrapped
+
+
+def test_short_and_long_values_decode_like_fdb_add() -> None:
+    assert decode_int64(b"\x01") == 1
+    assert decode_int64(b"") == 0
+    assert decode_int64(encode_int64(-5) + b"extra") == -5
+
+
+def test_ranges() -> None:
+    begin, end = range_of(("a",))
+    assert begin < pack(("a", "zzz")) < pack(("a", 0)) < end
+    assert not begin <= pack(("a",)) < end
+    assert strinc(b"ab\xff\xff") == b"ac"

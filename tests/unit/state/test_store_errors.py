@@ -1,0 +1,128 @@
+"""Clear errors for bad URLs, unreachable, locked or corrupted stores and a missing libfdb_c."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from millstream.exceptions import (
+    ConfigurationError,
+    StoreCorruptError,
+    StoreUnavailableError,
+)
+from millstream.state import open_store, parse_store_url
+from millstream.state.fdb_backend import load_fdb
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("/tmp/x.db", "scheme"),
+        ("sqlite://relative/x.db", "three slashes"),
+        ("sqlite:///", "absolute file path"),
+        ("postgres:///x", "unknown scheme"),
+        ("sqlite:///tmp/x.db?cache=big", "unknown option"),
+        ("sqlite:///tmp/x.db?busy_timeout_ms=soon", "integer"),
+        ("sqlite:///tmp/x.db?synchronous=off", "synchronous"),
+        ("fdb://host:4500", "cluster file"),
+    ],
+)
+def test_bad_urls_list_the_accepted_forms(url: str, why: str) -> None:
+    with pytest.raises(ConfigurationError, match=why) as info:
+        open_store(url)
+    assert "sqlite:///absolute/path/to/file.db" in str(info.value)
+    assert "fdb:///path/to/fdb.cluster" in str(info.value)
+
+
+def test_good_urls_parse() -> None:
+    assert parse_store_url("sqlite:///a/b.db").path == "/a/b.db"
+    assert parse_store_url("fdb://").path is None
+    assert parse_store_url("fdb:///etc/foundationdb/fdb.cluster").path == (
+        "/etc/foundationdb/fdb.cluster"
+    )
+
+
+def test_missing_directory_is_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "x.db"
+    with pytest.raises(StoreUnavailableError, match=str(tmp_path / "nowhere")):
+        open_store(f"sqlite:///{path}")
+
+
+def test_unwritable_file_is_unavailable(tmp_path: Path) -> None:
+    directory = tmp_path / "dir.db"
+    directory.mkdir()
+    with pytest.raises(StoreUnavailableError, match=str(directory)):
+        open_store(f"sqlite:///{directory}")
+
+
+def test_locked_store_names_path_and_cause(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    store = open_store(f"sqlite:///{path}?busy_timeout_ms=100")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreUnavailableError, match=r"locked.*busy timeout \(100 ms\)") as info:
+            store.transact(lambda t: t.set(("k",), b"v"))
+        assert str(path) in str(info.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    store.transact(lambda t: t.set(("k",), b"v"))
+    store.close()
+
+
+def test_garbage_file_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.db"
+    path.write_bytes(b"this is not an sqlite database at all" * 200)
+    with pytest.raises(StoreCorruptError, match=str(path)):
+        open_store(f"sqlite:///{path}")
+
+
+def test_damaged_pages_are_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "damaged.db"
+    store = open_store(f"sqlite:///{path}")
+    store.transact(lambda t: [t.set(("k", i), b"v" * 500) for i in range(2000)])
+    store.close()
+    data = bytearray(path.read_bytes())
+    page = 4096
+    assert len(data) > 8 * page
+    data[2 * page :] = b"\xa5" * (len(data) - 2 * page)
+    path.write_bytes(bytes(data))
+    reopened = open_store(f"sqlite:///{path}")
+    with pytest.raises(StoreCorruptError, match="corrupted"):
+        reopened.transact(lambda t: t.get_range_startswith(("k",)))
+
+
+def test_foreign_sqlite_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreCorruptError, match="not a millstream store"):
+        open_store(f"sqlite:///{path}")
+
+
+def _libfdb_c_loads() -> bool:
+    try:
+        load_fdb()
+    except StoreUnavailableError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_libfdb_c_loads(), reason="libfdb_c is installed here")
+def test_missing_libfdb_c_says_how_to_install(tmp_path: Path) -> None:
+    cluster = tmp_path / "fdb.cluster"
+    cluster.write_text("test:test@127.0.0.1:4500\n")
+    with pytest.raises(StoreUnavailableError, match="libfdb_c not found") as info:
+        open_store(f"fdb://{cluster}")
+    assert "github.com/apple/foundationdb/releases" in str(info.value)
+    with pytest.raises(StoreUnavailableError, match="libfdb_c not found"):
+        open_store("fdb://")
+
+
+def test_missing_cluster_file(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailableError, match=r"cluster file .* does not exist"):
+        open_store(f"fdb://{tmp_path / 'absent.cluster'}")
