@@ -1,0 +1,124 @@
+"""The window under concurrent use, and the GIL released while waiting."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+from millstream._core import Window, decode_ipc
+
+MB = 1 << 20
+
+
+def test_push_in_one_thread_while_others_get_rows() -> None:
+    num_reducers, batches, rows = 4, 200, 50
+    w = Window(num_reducers, 256 * 1024)
+    received: dict[int, list[int]] = {r: [] for r in range(num_reducers)}
+    errors: list[BaseException] = []
+    total = batches * rows
+
+    def mapper() -> None:
+        try:
+            for b in range(batches):
+                base = b * rows
+                batch = pa.record_batch({"v": pa.array(range(base, base + rows), pa.int64())})
+                reducers = pa.array(
+                    [(base + i) * 7 % num_reducers for i in range(rows)], pa.int32()
+                )
+                w.push(batch, reducers, base + rows, str(b).encode())
+                while not w.wait_for_room(0.05):
+                    if w.closed:
+                        return
+        except BaseException as e:  # reported by the test thread
+            errors.append(e)
+
+    def reducer(r: int) -> None:
+        committed = -1
+        try:
+            while len(received[r]) < total // num_reducers:
+                count, last, payload = w.get_rows(r, committed, 37, 4096)
+                if count:
+                    received[r].extend(decode_ipc([payload]).column("v").to_pylist())
+                    committed = last
+                else:
+                    time.sleep(0.0005)
+            w.get_rows(r, committed, 1, 1)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=mapper)] + [
+        threading.Thread(target=reducer, args=(r,)) for r in range(num_reducers)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for r in range(num_reducers):
+        assert received[r] == [v for v in range(total) if v * 7 % num_reducers == r]
+    assert w.local_state() == (total, total, str(batches - 1).encode())
+    assert (w.buffered_bytes, w.buffered_rows, w.num_entries) == (0, 0, 0)
+
+
+def test_wait_for_room_releases_the_gil() -> None:
+    w = Window(1, 4096)
+    for i in range(2):
+        w.push(
+            pa.record_batch({"v": pa.array(range(200), pa.int64())}),
+            pa.array([0] * 200, pa.int32()),
+            i + 1,
+            b"",
+        )
+    counter = 0
+    stop = threading.Event()
+
+    def spin() -> None:
+        nonlocal counter
+        while not stop.is_set():
+            counter += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        assert w.wait_for_room(0.3) is False
+        during = counter
+    finally:
+        stop.set()
+        spinner.join()
+    # Python code ran in another thread while this one waited.
+    assert during > 1000
+
+
+def test_wait_for_room_wakes_when_a_reducer_commits() -> None:
+    w = Window(1, 4096)
+    for i in range(2):
+        w.push(
+            pa.record_batch({"v": pa.array(range(200), pa.int64())}),
+            pa.array([0] * 200, pa.int32()),
+            i + 1,
+            b"",
+        )
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(w.wait_for_room(30.0)))
+    waiter.start()
+    w.get_rows(0, 199, 1, 1)
+    waiter.join(30)
+    assert result == [True]
+
+
+def test_close_wakes_a_waiter() -> None:
+    w = Window(1, 4096)
+    for i in range(2):
+        w.push(
+            pa.record_batch({"v": pa.array(range(200), pa.int64())}),
+            pa.array([0] * 200, pa.int32()),
+            i + 1,
+            b"",
+        )
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(w.wait_for_room(float("inf"))))
+    waiter.start()
+    w.close()
+    waiter.join(30)
+    assert result == [False]
