@@ -1,0 +1,193 @@
+//! Window behaviour not covered by the model test: memory, schema, threads.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, UInt32Array};
+use millstream_core::{Error, LocalMapperState, Room, SharedWindow, Window, WindowOptions};
+
+fn window(num_reducers: u32, memory_limit_bytes: u64) -> Window {
+    Window::new(WindowOptions {
+        num_reducers,
+        memory_limit_bytes,
+        initial_state: LocalMapperState::default(),
+    })
+    .unwrap()
+}
+
+fn rows(n: usize) -> RecordBatch {
+    let v: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n as i64));
+    let s: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..n).map(|i| format!("{i:0>80}")),
+    ));
+    RecordBatch::try_from_iter([("v", v), ("s", s)]).unwrap()
+}
+
+fn spread(n: usize, num_reducers: u32) -> UInt32Array {
+    UInt32Array::from_iter_values(
+        (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) % num_reducers),
+    )
+}
+
+#[test]
+fn index_overhead_is_at_most_eight_bytes_per_row() {
+    let mut w = window(64, u64::MAX);
+    for _ in 0..10 {
+        w.push(rows(10_000), &spread(10_000, 64), 1, Vec::new())
+            .unwrap();
+    }
+    let per_row = w.index_bytes() as f64 / w.buffered_rows() as f64;
+    assert!(per_row <= 8.0, "{per_row} index bytes per row");
+}
+
+#[test]
+fn a_batch_over_the_limit_is_rejected_without_side_effects() {
+    let mut w = window(2, 10_000);
+    let e = w
+        .push(rows(1000), &spread(1000, 2), 5, Vec::new())
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        Error::BatchOverMemoryLimit {
+            memory_limit_bytes: 10_000,
+            ..
+        }
+    ));
+    assert!(e.to_string().contains("smaller input batches"));
+    assert_eq!(
+        (
+            w.num_entries(),
+            w.input_end_row_index(),
+            w.shuffle_end_row_index()
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn schema_is_fixed_by_the_first_batch_with_rows() {
+    let mut w = window(1, u64::MAX);
+    w.push(rows(2), &spread(2, 1), 1, Vec::new()).unwrap();
+    let other =
+        RecordBatch::try_from_iter([("v", Arc::new(Int32Array::from(vec![1])) as ArrayRef)])
+            .unwrap();
+    let e = w.push(other, &spread(1, 1), 2, Vec::new()).unwrap_err();
+    assert!(matches!(e, Error::SchemaMismatch { .. }), "{e}");
+}
+
+#[test]
+fn sorted_batches_are_kept_without_a_copy() {
+    let mut w = window(4, u64::MAX);
+    let b = rows(100);
+    let reducers = UInt32Array::from_iter_values((0..100).map(|i| i / 25));
+    w.push(b.clone(), &reducers, 1, Vec::new()).unwrap();
+    let got = w.get_rows(2, -1, 100, i64::MAX).unwrap();
+    assert_eq!(got.batches.len(), 1);
+    assert_eq!(got.batches[0], b.slice(50, 25));
+    let original = b.column(1).to_data().buffers()[1].as_ptr();
+    assert_eq!(
+        got.batches[0].column(1).to_data().buffers()[1].as_ptr(),
+        original
+    );
+}
+
+#[test]
+fn waiters_wake_when_reducers_commit_or_the_window_closes() {
+    let entry_bytes = {
+        let mut probe = window(1, u64::MAX);
+        probe.push(rows(10), &spread(10, 1), 1, Vec::new()).unwrap();
+        probe.buffered_bytes()
+    };
+    let mut w = window(1, entry_bytes + 1);
+    w.push(rows(10), &spread(10, 1), 1, Vec::new()).unwrap();
+    w.push(rows(10), &spread(10, 1), 1, Vec::new()).unwrap();
+    let shared = Arc::new(SharedWindow::new(w));
+    assert_eq!(
+        shared
+            .wait_for_room(Some(Duration::from_millis(1)))
+            .unwrap(),
+        Room::TimedOut
+    );
+    let waiter = {
+        let shared = shared.clone();
+        thread::spawn(move || shared.wait_for_room(None).unwrap())
+    };
+    shared.get_rows(0, 9, 1, 1).unwrap();
+    assert_eq!(waiter.join().unwrap(), Room::Available);
+
+    shared
+        .push(rows(10), &spread(10, 1), 2, Vec::new())
+        .unwrap();
+    assert!(!shared.with(Window::has_room).unwrap());
+    let waiter = {
+        let shared = shared.clone();
+        thread::spawn(move || shared.wait_for_room(None).unwrap())
+    };
+    shared.close().unwrap();
+    assert_eq!(waiter.join().unwrap(), Room::Closed);
+    assert!(matches!(
+        shared.push(rows(1), &spread(1, 1), 3, Vec::new()),
+        Err(Error::Closed)
+    ));
+}
+
+#[test]
+fn concurrent_push_and_get_rows_deliver_every_row_once() {
+    let num_reducers = 3;
+    let shared = Arc::new(SharedWindow::new(window(num_reducers, 1 << 16)));
+    let total = 20_000i64;
+    let pusher = {
+        let shared = shared.clone();
+        thread::spawn(move || {
+            for b in 0..(total / 500) {
+                let batch = RecordBatch::try_from_iter([(
+                    "v",
+                    Arc::new(Int64Array::from_iter_values(b * 500..(b + 1) * 500)) as ArrayRef,
+                )])
+                .unwrap();
+                let reducers =
+                    UInt32Array::from_iter_values((b * 500..(b + 1) * 500).map(|i| (i % 3) as u32));
+                shared
+                    .push(batch, &reducers, (b + 1) * 500, Vec::new())
+                    .unwrap();
+                while shared
+                    .wait_for_room(Some(Duration::from_millis(10)))
+                    .unwrap()
+                    != Room::Available
+                {}
+            }
+        })
+    };
+    let readers: Vec<_> = (0..num_reducers)
+        .map(|r| {
+            let shared = shared.clone();
+            thread::spawn(move || {
+                let mut committed = -1;
+                let mut seen = 0;
+                let mine = (0..total).filter(|i| i % 3 == i64::from(r)).count() as i64;
+                while seen < mine {
+                    let got = shared
+                        .get_rows(i64::from(r), committed, 300, 1 << 20)
+                        .unwrap();
+                    if got.row_count == 0 {
+                        thread::yield_now();
+                        continue;
+                    }
+                    seen += got.row_count as i64;
+                    committed = got.last_shuffle_row_index;
+                }
+                shared.get_rows(i64::from(r), committed, 1, 1).unwrap();
+                seen
+            })
+        })
+        .collect();
+    pusher.join().unwrap();
+    let seen: i64 = readers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(seen, total);
+    let w = shared
+        .with(|w| (w.buffered_bytes(), w.local_state().clone()))
+        .unwrap();
+    assert_eq!(w.0, 0);
+    assert_eq!(w.1.shuffle_unread_row_index, total);
+}
