@@ -34,14 +34,18 @@ impl PyWindow {
         memory_limit_bytes,
         input_unread_row_index = 0,
         shuffle_unread_row_index = 0,
-        continuation_token = None,
+        continuation_token = b"".as_slice(),
     ))]
+    #[pyo3(
+        text_signature = "(num_reducers, memory_limit_bytes, input_unread_row_index=0, \
+                              shuffle_unread_row_index=0, continuation_token=b'')"
+    )]
     fn new(
         num_reducers: u32,
         memory_limit_bytes: u64,
         input_unread_row_index: i64,
         shuffle_unread_row_index: i64,
-        continuation_token: Option<PyBackedBytes>,
+        continuation_token: &[u8],
     ) -> BindingResult<Self> {
         let window = Window::new(WindowOptions {
             num_reducers,
@@ -49,7 +53,7 @@ impl PyWindow {
             initial_state: LocalMapperState {
                 input_unread_row_index,
                 shuffle_unread_row_index,
-                continuation_token: continuation_token.map(|t| t.to_vec()).unwrap_or_default(),
+                continuation_token: continuation_token.to_vec(),
             },
         })?;
         Ok(Self {

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import millstream.exceptions as exceptions
@@ -47,3 +49,23 @@ def test_stub_names_match_the_module() -> None:
     declared = set(re.findall(r"^(?:def|class) (\w+)", stub, re.M))
     public = {n for n in dir(_core) if not n.startswith("_")}
     assert declared == public
+
+
+@pytest.mark.slow
+def test_stubs_pass_stubtest() -> None:
+    root = Path(__file__).parents[3]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy.stubtest",
+            "millstream._core",
+            "--mypy-config-file",
+            "pyproject.toml",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
