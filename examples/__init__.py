@@ -1,0 +1,1 @@
+"""Runnable millstream jobs used by the README, the tests and the benchmarks."""

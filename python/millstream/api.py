@@ -1,0 +1,245 @@
+"""What users write: a :class:`Mapper`, a :class:`Reducer`, and what they exchange.
+
+A mapper turns a batch of input rows into a :class:`Partitioned` batch (rows plus one reducer
+index per row). A reducer receives every row sent to it and writes its effect through a
+:class:`Transaction` that millstream commits together with its own bookkeeping, so each
+row's effect is applied exactly once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from millstream import _core
+from millstream.state import Transaction as StoreTransaction
+from millstream.state.records import OUTPUT
+
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Who a worker is, passed to the user's mapper and reducer (thesis 4.5).
+
+    Attributes:
+        processor: The processor's name (its store prefix).
+        role: ``"mapper"`` or ``"reducer"``.
+        index: The worker's index within its role.
+        guid: This instance's GUID; a restarted worker gets a new one.
+        num_mappers: Number of mappers (one per input partition).
+        num_reducers: Number of reducers.
+    """
+
+    processor: str
+    role: str
+    index: int
+    guid: str
+    num_mappers: int
+    num_reducers: int
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """Mapped rows, each tagged with the reducer it goes to.
+
+    Attributes:
+        batch: The mapped rows; any schema, but the same schema for every batch of a mapper.
+        reducer_indices: One reducer index per row (int32), in ``[0, num_reducers)``.
+    """
+
+    batch: pa.RecordBatch
+    reducer_indices: pa.Array
+
+    def __post_init__(self) -> None:
+        if len(self.reducer_indices) != self.batch.num_rows:
+            raise ValueError(
+                f"Partitioned got {self.batch.num_rows} rows but {len(self.reducer_indices)} "
+                "reducer indices; give exactly one reducer index per row"
+            )
+
+    @classmethod
+    def by_hash(
+        cls, batch: pa.RecordBatch | pa.Table, key: str | Sequence[str], num_reducers: int
+    ) -> Partitioned:
+        """Send each row to the reducer chosen by a stable hash of its key columns.
+
+        The hash is fixed and documented (the same in every process, machine and release),
+        so equal keys always reach the same reducer.
+        """
+        batch = _as_batch(batch)
+        keys = [key] if isinstance(key, str) else list(key)
+        return cls(batch, _core.hash_partition(batch, keys, num_reducers))
+
+    @classmethod
+    def to_reducer(cls, batch: pa.RecordBatch | pa.Table, reducer_index: int) -> Partitioned:
+        """Send every row of ``batch`` to one reducer."""
+        batch = _as_batch(batch)
+        return cls(batch, pa.array([reducer_index] * batch.num_rows, type=pa.int32()))
+
+    @classmethod
+    def with_indices(
+        cls, batch: pa.RecordBatch | pa.Table, reducer_indices: pa.Array | Sequence[int]
+    ) -> Partitioned:
+        """Rows with explicit reducer indices chosen by the mapper."""
+        array = reducer_indices if isinstance(reducer_indices, pa.Array) else pa.array(
+            reducer_indices, type=pa.int32()
+        )
+        return cls(_as_batch(batch), array)
+
+
+def _as_batch(data: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    if isinstance(data, pa.Table):
+        return data.combine_chunks().to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist([], schema=data.schema)
+    return data
+
+
+class Transaction:
+    """The reducer's view of the store transaction committed with its bookkeeping.
+
+    Keys are tuples under the processor's output keyspace. Values are bytes; counters
+    written with :meth:`add` are little-endian int64 (read them with :meth:`get_int`). The
+    batch operations take Arrow arrays and avoid a Python loop per key: use them on hot paths.
+    Everything written here commits atomically with the reducer's committed indices, or not
+    at all. FoundationDB's limits apply (10 MB of writes, 100 kB values, 10 kB keys, 5 s).
+    """
+
+    def __init__(self, txn: StoreTransaction) -> None:
+        self._txn = txn
+
+    @staticmethod
+    def _key(key: Key) -> Key:
+        return (*OUTPUT, *key)
+
+    def get(self, key: Key) -> bytes | None:
+        """The value at ``key``, or None."""
+        return self._txn.get(self._key(key))
+
+    def get_int(self, key: Key) -> int:
+        """The int64 counter at ``key`` (0 when absent)."""
+        raw = self._txn.get(self._key(key))
+        return 0 if raw is None else int.from_bytes(raw, "little", signed=True)
+
+    def set(self, key: Key, value: bytes) -> None:
+        """Write ``value`` at ``key``."""
+        self._txn.set(self._key(key), value)
+
+    def clear(self, key: Key) -> None:
+        """Delete ``key``."""
+        self._txn.clear(self._key(key))
+
+    def add(self, key: Key, delta: int) -> None:
+        """Atomically add ``delta`` to the int64 counter at ``key``."""
+        self._txn.add(self._key(key), delta)
+
+    def get_range(self, prefix: Key, *, limit: int = 0) -> list[tuple[Key, bytes]]:
+        """Every ``(key, value)`` whose key starts with ``prefix``, in key order."""
+        rows = self._txn.get_range_startswith(self._key(prefix), limit=limit)
+        return [(key[len(OUTPUT) :], value) for key, value in rows]
+
+    def add_many(self, keyspace: Key, keys: pa.Array, deltas: pa.Array) -> None:
+        """Add ``deltas[i]`` to the counter at ``keyspace + (keys[i],)`` for every i."""
+        self._txn.add_many(self._key(keyspace), keys, deltas)
+
+    def set_many(self, keyspace: Key, keys: pa.Array, values: pa.Array) -> None:
+        """Write ``values[i]`` at ``keyspace + (keys[i],)`` for every i."""
+        self._txn.set_many(self._key(keyspace), keys, values)
+
+    def get_many(self, keyspace: Key, keys: pa.Array) -> list[bytes | None]:
+        """The values at ``keyspace + (keys[i],)``."""
+        return self._txn.get_many(self._key(keyspace), keys)
+
+    @property
+    def write_size(self) -> int:
+        """Bytes written so far in this transaction (all of it, bookkeeping included)."""
+        return self._txn.write_size
+
+
+class Mapper(ABC):
+    """Base class of the user's mapper. One instance per mapper worker.
+
+    ``map`` **must be deterministic**: the same input batch must give the same output rows,
+    in the same order, with the same reducer indices, in every process and after every
+    restart. millstream re-maps input after failures and relies on this for exactly-once;
+    it cannot check it. A mapper may combine rows of one batch (pre-aggregate) before the
+    shuffle.
+
+    Attributes:
+        spec: This worker's :class:`WorkerSpec`.
+        config: The user configuration given to the processor.
+    """
+
+    def __init__(self, spec: WorkerSpec, config: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self.config = config
+
+    @abstractmethod
+    def map(self, batch: pa.RecordBatch) -> Partitioned:
+        """Map one input batch to rows tagged with reducer indices."""
+
+
+class Reducer(ABC):
+    """Base class of the user's reducer. One instance per reducer worker.
+
+    Attributes:
+        spec: This worker's :class:`WorkerSpec`.
+        config: The user configuration given to the processor.
+    """
+
+    def __init__(self, spec: WorkerSpec, config: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self.config = config
+
+    @abstractmethod
+    def reduce(self, batch: pa.RecordBatch, txn: Transaction) -> None:
+        """Apply the effect of ``batch`` through ``txn``.
+
+        ``batch`` holds rows from every mapper that had rows for this reducer. If ``reduce``
+        raises, nothing of this batch is committed and the worker stops with the rows'
+        ranges in the error. Effects outside ``txn`` are not covered by exactly-once.
+        """
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Knobs of the workers. The defaults suit the embedded store on one machine.
+
+    Attributes:
+        batch_rows: Rows a mapper reads per batch (tens of thousands keep per-batch
+            overhead small).
+        memory_limit_bytes: Buffered bytes in a mapper's window above which it stops
+            reading until reducers commit.
+        get_rows_max_rows: Rows a reducer asks one mapper for per GetRows.
+        get_rows_max_bytes: Payload bytes per GetRows response (below the gRPC limit).
+        commit_interval_seconds: Minimum time between a reducer's commits: longer folds
+            more rows into one transaction (less written per row), shorter lowers latency.
+        trim_period_seconds: How often a mapper persists its state and trims its input.
+        idle_seconds: Wait after a loop iteration that made no progress.
+        heartbeat_seconds: How often workers refresh discovery and publish status.
+        rpc_timeout_seconds: Deadline of one GetRows call.
+        split_brain_delay_seconds: Wait before a mapper restarts ingestion after it saw
+            another instance write its state.
+        grpc_max_message_bytes: gRPC send/receive limit on both sides.
+        advertise_host: Host name mappers publish in discovery (default: loopback).
+    """
+
+    batch_rows: int = 65_536
+    memory_limit_bytes: int = 256 * 1024 * 1024
+    get_rows_max_rows: int = 1_000_000
+    get_rows_max_bytes: int = 32 * 1024 * 1024
+    commit_interval_seconds: float = 0.2
+    trim_period_seconds: float = 1.0
+    idle_seconds: float = 0.01
+    heartbeat_seconds: float = 1.0
+    rpc_timeout_seconds: float = 10.0
+    split_brain_delay_seconds: float = 0.5
+    grpc_max_message_bytes: int = 64 * 1024 * 1024
+    advertise_host: str = "127.0.0.1"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+__all__ = ["Mapper", "Partitioned", "Reducer", "Transaction", "Tuning", "WorkerSpec"]

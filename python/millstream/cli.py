@@ -1,0 +1,117 @@
+"""The ``millstream`` command: run a processor, or show a running one's status."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from millstream.exceptions import MillstreamError
+from millstream.processor import Processor
+from millstream.state import open_store
+from millstream.state.records import (
+    freshest_workers,
+    list_workers,
+    read_mapper_state,
+    read_processor_info,
+    read_reducer_state,
+    read_statuses,
+)
+
+
+def load_processor(reference: str) -> Processor:
+    """Import ``module:attribute`` and return the processor it names."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise MillstreamError(f"expected <module>:<processor>, got {reference!r}")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    module = importlib.import_module(module_name)
+    processor = getattr(module, attribute, None)
+    if not isinstance(processor, Processor):
+        raise MillstreamError(f"{reference} is not a millstream.Processor (got {processor!r})")
+    return processor
+
+
+def _run(args: argparse.Namespace) -> int:
+    processor = load_processor(args.processor)
+    print(
+        f"millstream: running {processor.name}: {processor.num_mappers} mappers, "
+        f"{processor.num_reducers} reducers, store {processor.store}",
+        file=sys.stderr,
+    )
+    summary = processor.run_local(progress=not args.quiet, timeout=args.timeout)
+    print(summary)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    store = open_store(args.store, prefix=(args.prefix,))
+    txn = store.create_transaction()
+    try:
+        info = read_processor_info(txn)
+        if info is None:
+            print(f"no processor under prefix {args.prefix!r} in {args.store}")
+            return 1
+        statuses = read_statuses(txn)
+        mappers = freshest_workers(list_workers(txn, "mapper"))
+        reducers = freshest_workers(list_workers(txn, "reducer"))
+        now = time.time()
+        print(f"processor {args.prefix}: {info.num_mappers} mappers, {info.num_reducers} reducers")
+        print(
+            f"{'mapper':>6} {'alive':>5} {'read':>12} {'persisted':>12} {'read lag':>10} "
+            f"{'window rows':>12} {'window MB':>10} {'rows/s':>10}"
+        )
+        for m in range(info.num_mappers):
+            state = read_mapper_state(txn, m)
+            s = statuses.get(("mapper", m), {})
+            alive = m in mappers and now - mappers[m].heartbeat < 10
+            read = int(s.get("input_end_row_index", 0))
+            rate = float(s.get("rows_read", 0)) / max(1e-9, float(s.get("uptime", 0)) or 1.0)
+            print(
+                f"{m:>6} {'yes' if alive else 'no':>5} {read:>12,} "
+                f"{state.input_unread_row_index:>12,} {read - state.input_unread_row_index:>10,} "
+                f"{int(s.get('window_rows', 0)):>12,} {int(s.get('window_bytes', 0)) / 1e6:>10.1f} "
+                f"{rate:>10,.0f}"
+            )
+        print(f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12}  committed row indices")
+        for r in range(info.num_reducers):
+            state = read_reducer_state(txn, r, info.num_mappers)
+            s = statuses.get(("reducer", r), {})
+            alive = r in reducers and now - reducers[r].heartbeat < 10
+            print(
+                f"{r:>7} {'yes' if alive else 'no':>5} {int(s.get('commits', 0)):>9,} "
+                f"{int(s.get('rows_reduced', 0)):>12,}  {list(state.committed_row_indices)}"
+            )
+    finally:
+        txn.reset()
+        store.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``millstream`` command."""
+    parser = argparse.ArgumentParser(prog="millstream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a processor on this machine until its input drains")
+    run.add_argument("processor", help="module:attribute of a millstream.Processor")
+    run.add_argument("--timeout", type=float, default=None, help="give up after seconds")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.set_defaults(func=_run)
+    status = sub.add_parser("status", help="show a processor's workers, lag and windows")
+    status.add_argument("store", help="store URL, e.g. sqlite:///tmp/state.db")
+    status.add_argument("--prefix", default="millstream", help="the processor's name")
+    status.set_defaults(func=_status)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MillstreamError as exc:
+        print(f"millstream: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

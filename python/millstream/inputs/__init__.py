@@ -1,0 +1,7 @@
+"""Inputs: replayable, trimmable partitioned sources (thesis 4.2)."""
+
+from millstream.inputs.base import PartitionReader, ReadResult
+from millstream.inputs.parquet_log import ParquetLog
+from millstream.inputs.store_queue import StoreQueue
+
+__all__ = ["ParquetLog", "PartitionReader", "ReadResult", "StoreQueue"]

@@ -1,0 +1,119 @@
+"""The processor: a mapper class, a reducer class, an input, a store and the counts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from millstream.api import Mapper, Reducer, Tuning
+from millstream.exceptions import ConfigurationError
+from millstream.inputs.base import PartitionReader
+from millstream.state import Store, open_store, parse_store_url
+from millstream.state.records import ProcessorInfo
+
+if TYPE_CHECKING:
+    from millstream.runner.local import RunSummary
+
+
+@runtime_checkable
+class Input(Protocol):
+    """A partitioned input: one partition per mapper. Must pickle (workers are processes)."""
+
+    @property
+    def num_partitions(self) -> int:
+        """Number of partitions, hence of mappers."""
+        ...
+
+    def reader(self, partition: int) -> PartitionReader:
+        """A reader of one partition."""
+        ...
+
+
+@dataclass(frozen=True)
+class Processor:
+    """A streaming MapReduce processor.
+
+    Args:
+        mapper: The user's :class:`~millstream.Mapper` subclass (importable by module path,
+            since workers run in other processes).
+        reducer: The user's :class:`~millstream.Reducer` subclass.
+        input: One partition per mapper, e.g. :class:`~millstream.inputs.ParquetLog`.
+        store: State store URL: ``sqlite:///abs/path.db`` or ``fdb://[cluster file]``.
+        num_reducers: Number of reducers.
+        name: The processor's name; its state lives under this store prefix.
+        config: User configuration handed to the mapper and reducer.
+        tuning: Worker knobs; see :class:`~millstream.Tuning`.
+    """
+
+    mapper: type[Mapper]
+    reducer: type[Reducer]
+    input: Input
+    store: str
+    num_reducers: int
+    name: str = "millstream"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    tuning: Tuning = field(default_factory=Tuning)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def num_mappers(self) -> int:
+        """One mapper per input partition."""
+        return self.input.num_partitions
+
+    def validate(self) -> None:
+        """Check the configuration before anything starts.
+
+        Raises:
+            ConfigurationError: What is wrong and how to fix it.
+        """
+        if not (isinstance(self.mapper, type) and issubclass(self.mapper, Mapper)):
+            raise ConfigurationError(
+                f"mapper must be a subclass of millstream.Mapper, got {self.mapper!r}"
+            )
+        if not (isinstance(self.reducer, type) and issubclass(self.reducer, Reducer)):
+            raise ConfigurationError(
+                f"reducer must be a subclass of millstream.Reducer, got {self.reducer!r}"
+            )
+        if not isinstance(self.num_reducers, int) or self.num_reducers < 1:
+            raise ConfigurationError(f"num_reducers must be an int >= 1, got {self.num_reducers!r}")
+        if not isinstance(self.input, Input):
+            raise ConfigurationError(
+                "input must have num_partitions and reader(partition), e.g. "
+                f"millstream.inputs.ParquetLog; got {self.input!r}"
+            )
+        parse_store_url(self.store)
+        if self.num_mappers < 1:
+            raise ConfigurationError("the input has no partitions, so there is no mapper to run")
+        t = self.tuning
+        if t.batch_rows < 1 or t.get_rows_max_rows < 1:
+            raise ConfigurationError("tuning.batch_rows and get_rows_max_rows must be >= 1")
+        if t.get_rows_max_bytes >= t.grpc_max_message_bytes:
+            raise ConfigurationError(
+                f"tuning.get_rows_max_bytes ({t.get_rows_max_bytes}) must be below "
+                f"grpc_max_message_bytes ({t.grpc_max_message_bytes})"
+            )
+
+    @property
+    def info(self) -> ProcessorInfo:
+        """What the store records to refuse a restart with other counts or classes."""
+        fingerprint = (
+            f"{self.mapper.__module__}.{self.mapper.__qualname__}->"
+            f"{self.reducer.__module__}.{self.reducer.__qualname__}"
+        )
+        return ProcessorInfo(self.num_mappers, self.num_reducers, fingerprint)
+
+    def open_store(self) -> Store:
+        """Open this processor's store under its prefix."""
+        return open_store(self.store, prefix=(self.name,))
+
+    def run_local(self, *, progress: bool = False, timeout: float | None = None) -> RunSummary:
+        """Run every worker as a process on this machine until bounded inputs drain.
+
+        Crashed workers are restarted. Returns the run's summary.
+        """
+        from millstream.runner.local import LocalRunner
+
+        return LocalRunner(self, progress=progress).run(timeout=timeout)

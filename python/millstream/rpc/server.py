@@ -1,0 +1,86 @@
+"""The mapper's side of GetRows: a gRPC server in front of the mapper's handler."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+import grpc
+
+from millstream.exceptions import CommittedIndexError, StaleMapperError
+from millstream.rpc import millstream_pb2, millstream_pb2_grpc
+
+
+class RowsHandler(Protocol):
+    """What serves GetRows (the mapper worker)."""
+
+    def handle_get_rows(
+        self,
+        reducer_index: int,
+        committed_row_index: int,
+        max_rows: int,
+        max_bytes: int,
+        mapper_id: str,
+    ) -> tuple[int, int, bytes]:
+        """Thesis 4.3.4; returns (row_count, last_shuffle_row_index, Arrow IPC)."""
+        ...
+
+
+class _Servicer(millstream_pb2_grpc.MapperServicer):
+    def __init__(self, handler: RowsHandler, max_bytes: int) -> None:
+        self._handler = handler
+        self._max_bytes = max_bytes
+
+    def GetRows(  # noqa: N802 - the generated servicer's name
+        self, request: millstream_pb2.GetRowsRequest, context: grpc.ServicerContext
+    ) -> millstream_pb2.GetRowsResponse:
+        max_bytes = min(request.max_bytes or self._max_bytes, self._max_bytes)
+        try:
+            count, last, payload = self._handler.handle_get_rows(
+                request.reducer_index,
+                request.committed_row_index,
+                max(1, request.count),
+                max_bytes,
+                request.mapper_id,
+            )
+        except StaleMapperError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except (CommittedIndexError, ValueError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return millstream_pb2.GetRowsResponse(
+            row_count=count, last_shuffle_row_index=last, arrow_ipc=payload if count else b""
+        )
+
+
+class RowsServer:
+    """A started gRPC server for one mapper.
+
+    Args:
+        handler: Serves the calls.
+        bind: ``host:port`` to listen on; port 0 picks a free one.
+        max_message_bytes: gRPC send/receive limit.
+        max_response_bytes: Byte cap of one response's rows.
+    """
+
+    def __init__(
+        self, handler: RowsHandler, bind: str, max_message_bytes: int, max_response_bytes: int
+    ) -> None:
+        self._server = grpc.server(
+            ThreadPoolExecutor(max_workers=8, thread_name_prefix="getrows"),
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        millstream_pb2_grpc.add_MapperServicer_to_server(
+            _Servicer(handler, max_response_bytes), self._server
+        )
+        self.port = self._server.add_insecure_port(bind)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {bind} for GetRows")
+        self._server.start()
+
+    def stop(self, grace: float = 0.5) -> None:
+        """Stop serving; in-flight calls get ``grace`` seconds."""
+        self._server.stop(grace).wait()

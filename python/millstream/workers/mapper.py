@@ -1,0 +1,336 @@
+"""The mapper worker (thesis 4.3): ingestion, GetRows, and the two trimming steps.
+
+The protocol steps are plain methods (:meth:`MapperWorker.ingest_once`,
+:meth:`~MapperWorker.handle_get_rows`, :meth:`~MapperWorker.trim_input_rows`) so that a
+simulation can drive them one by one; :meth:`~MapperWorker.run` is the thin loop around them.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from millstream import _core
+from millstream.api import Partitioned, WorkerSpec
+from millstream.exceptions import (
+    CommitUnknownResultError,
+    MemoryLimitError,
+    MillstreamError,
+    SplitBrainError,
+    StaleMapperError,
+    UserCodeError,
+)
+from millstream.inputs.base import PartitionReader
+from millstream.state import Store, Transaction, pack
+from millstream.state.records import SYSTEM, MapperState, read_mapper_state, write_mapper_state
+from millstream.workers.clock import SYSTEM_CLOCK, Clock
+
+if TYPE_CHECKING:
+    from millstream.processor import Processor
+
+
+def drained_key(mapper_index: int) -> tuple[str, str, int]:
+    """Key a mapper sets once every row of its bounded input has its effect committed."""
+    return (*SYSTEM, "drained", mapper_index)
+
+
+class MapperWorker:
+    """One mapper instance.
+
+    Args:
+        processor: The processor this mapper belongs to.
+        index: The mapper's index (its input partition).
+        store: The processor's store.
+        clock: Time source.
+        reader: The partition reader (default: the processor input's reader of ``index``).
+        guid: This instance's GUID (default: a new random one).
+    """
+
+    def __init__(
+        self,
+        processor: Processor,
+        index: int,
+        store: Store,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        reader: PartitionReader | None = None,
+        guid: str | None = None,
+    ) -> None:
+        self.processor = processor
+        self.index = index
+        self.store = store
+        self.clock = clock
+        self.tuning = processor.tuning
+        self.guid = guid or uuid.uuid4().hex
+        self.spec = WorkerSpec(
+            processor.name,
+            "mapper",
+            index,
+            self.guid,
+            processor.num_mappers,
+            processor.num_reducers,
+        )
+        self.user = processor.mapper(self.spec, processor.config)
+        self.reader = reader if reader is not None else processor.input.reader(index)
+        self.window: _core.Window | None = None
+        self.persisted = MapperState()
+        self.end_of_input = False
+        self._token = b""
+        self.rows_read = 0
+        self.rows_shuffled = 0
+        self.batches = 0
+
+    # -- ingestion (thesis 4.3.3) -------------------------------------------------------
+
+    def start_ingestion(self) -> None:
+        """Load the persisted state and start a fresh window from it (step 0 of 4.3.3)."""
+        txn = self.store.create_transaction()
+        try:
+            self.persisted = read_mapper_state(txn, self.index)
+        finally:
+            txn.reset()
+        old = self.window
+        self.window = _core.Window(
+            self.processor.num_reducers,
+            self.tuning.memory_limit_bytes,
+            self.persisted.input_unread_row_index,
+            self.persisted.shuffle_unread_row_index,
+            self.persisted.continuation_token,
+        )
+        if old is not None:
+            old.close()
+        self._token = self.persisted.continuation_token
+        self.end_of_input = False
+
+    def _check_persisted(self) -> None:
+        """Step 3 of 4.3.3: the persisted state must be the one this instance last saw."""
+        txn = self.store.create_transaction()
+        try:
+            current = read_mapper_state(txn, self.index)
+        finally:
+            txn.reset()
+        if current != self.persisted:
+            raise SplitBrainError(
+                f"mapper {self.index}: persisted state changed under this instance "
+                f"({self.persisted} -> {current}); another instance is running"
+            )
+
+    def ingest_once(self) -> bool:
+        """Read, check, map and push one batch. Returns whether rows were appended.
+
+        Raises:
+            SplitBrainError: Another instance wrote this mapper's state; restart ingestion.
+            UserCodeError: ``map`` raised or returned something unusable.
+        """
+        window = self._require_window()
+        begin = window.input_end_row_index
+        result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
+        self._check_persisted()
+        batch = result.batch
+        rows = 0 if batch is None else batch.num_rows
+        if batch is None or rows == 0:
+            self.end_of_input = result.end_of_input
+            if result.continuation_token != self._token:
+                window.push(_EMPTY, _EMPTY_INDICES, begin, result.continuation_token)
+                self._token = result.continuation_token
+            return False
+        end = begin + rows
+        try:
+            mapped = self.user.map(batch)
+        except Exception as exc:
+            raise UserCodeError(
+                f"map of mapper {self.index} raised on input rows [{begin}, {end}): {exc!r}. "
+                "Nothing of these rows was sent; fix the mapper and restart the processor"
+            ) from exc
+        if not isinstance(mapped, Partitioned):
+            raise UserCodeError(
+                f"map of mapper {self.index} returned {type(mapped).__name__} for input rows "
+                f"[{begin}, {end}); it must return millstream.Partitioned"
+            )
+        try:
+            window.push(mapped.batch, mapped.reducer_indices, end, result.continuation_token)
+        except MemoryLimitError:
+            raise
+        except MillstreamError as exc:
+            raise UserCodeError(
+                f"map of mapper {self.index} produced unusable rows for input rows "
+                f"[{begin}, {end}): {exc}"
+            ) from exc
+        self._token = result.continuation_token
+        self.end_of_input = result.end_of_input
+        self.rows_read += rows
+        self.rows_shuffled += mapped.batch.num_rows
+        self.batches += 1
+        return True
+
+    def _require_window(self) -> _core.Window:
+        if self.window is None:
+            raise RuntimeError("start_ingestion() must run first")
+        return self.window
+
+    # -- GetRows (thesis 4.3.4) ---------------------------------------------------------
+
+    def handle_get_rows(
+        self,
+        reducer_index: int,
+        committed_row_index: int,
+        max_rows: int,
+        max_bytes: int,
+        mapper_id: str,
+    ) -> tuple[int, int, bytes]:
+        """Serve one GetRows; trims window entries as a side effect (TrimWindowEntries).
+
+        Raises:
+            StaleMapperError: ``mapper_id`` is not this instance's GUID.
+        """
+        if mapper_id != self.guid:
+            raise StaleMapperError(
+                f"GetRows for mapper instance {mapper_id} reached mapper {self.index} "
+                f"instance {self.guid}; refresh discovery"
+            )
+        window = self.window
+        if window is None:
+            return 0, committed_row_index, b""
+        return window.get_rows(reducer_index, committed_row_index, max_rows, max_bytes)
+
+    # -- TrimInputRows (thesis 4.3.5) ---------------------------------------------------
+
+    def trim_input_rows(self) -> bool:
+        """Persist the local state if it moved and nobody else wrote, then trim the input.
+
+        Returns:
+            Whether the persisted state advanced.
+
+        Raises:
+            SplitBrainError: Another instance wrote this mapper's state.
+        """
+        window = self._require_window()
+        input_index, shuffle_index, token = window.local_state()
+        if (
+            input_index <= self.persisted.input_unread_row_index
+            and shuffle_index <= self.persisted.shuffle_unread_row_index
+        ):
+            return False
+        local = MapperState(input_index, shuffle_index, token, self.persisted.version)
+        txn = self.store.create_transaction()
+        written: MapperState | None = None
+        try:
+            current = read_mapper_state(txn, self.index)
+            if current != self.persisted:
+                raise SplitBrainError(
+                    f"mapper {self.index}: persisted state changed under this instance "
+                    f"({self.persisted} -> {current}); another instance is running"
+                )
+            written = write_mapper_state(txn, self.index, local)
+            txn.commit()
+        except CommitUnknownResultError:
+            txn.reset()
+            if not self._applied(written):
+                raise
+        except BaseException:
+            txn.reset()
+            raise
+        assert written is not None
+        self.persisted = written
+        self.reader.trim(written.input_unread_row_index, written.continuation_token)
+        return True
+
+    def _applied(self, written: MapperState | None) -> bool:
+        """After an unknown commit result: did our write land?"""
+        txn = self.store.create_transaction()
+        try:
+            return written is not None and read_mapper_state(txn, self.index) == written
+        finally:
+            txn.reset()
+
+    # -- drain --------------------------------------------------------------------------
+
+    def is_drained(self) -> bool:
+        """Bounded input fully read, every row committed, and that state persisted."""
+        window = self.window
+        if window is None or not self.end_of_input or window.num_entries:
+            return False
+        input_index, shuffle_index, _ = window.local_state()
+        return (
+            input_index == self.persisted.input_unread_row_index
+            and shuffle_index == self.persisted.shuffle_unread_row_index
+        )
+
+    def mark_drained(self) -> None:
+        """Record in the store that this mapper's rows are all committed (checked state)."""
+
+        def mark(txn: Transaction) -> None:
+            if read_mapper_state(txn, self.index) != self.persisted:
+                raise SplitBrainError(f"mapper {self.index}: state changed while draining")
+            txn.set(drained_key(self.index), pack((self.persisted.input_unread_row_index,)))
+
+        self.store.transact(mark)
+
+    def close(self) -> None:
+        """Wake anything waiting on the window and release the reader."""
+        if self.window is not None:
+            self.window.close()
+        self.reader.close()
+
+    def metrics(self) -> dict[str, float | int | str]:
+        """Status figures for ``millstream status``."""
+        window = self.window
+        input_unread, shuffle_unread, _ = (
+            window.local_state() if window else (0, 0, b"")
+        )
+        return {
+            "guid": self.guid,
+            "rows_read": self.rows_read,
+            "rows_shuffled": self.rows_shuffled,
+            "batches": self.batches,
+            "input_end_row_index": window.input_end_row_index if window else 0,
+            "input_unread_row_index": input_unread,
+            "persisted_input_unread_row_index": self.persisted.input_unread_row_index,
+            "shuffle_unread_row_index": shuffle_unread,
+            "window_rows": window.buffered_rows if window else 0,
+            "window_bytes": window.buffered_bytes if window else 0,
+            "window_entries": window.num_entries if window else 0,
+            "end_of_input": int(self.end_of_input),
+        }
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, *, on_tick: Callable[[], None] | None = None) -> None:
+        """Ingest until drained or stopped; restart ingestion on split brain.
+
+        ``on_tick`` runs periodic duties (heartbeat, status) between batches.
+        """
+        t = self.tuning
+        while not stop.is_set():
+            try:
+                self.start_ingestion()
+                last_trim = self.clock.now()
+                while not stop.is_set():
+                    progressed = False if self.end_of_input else self.ingest_once()
+                    window = self._require_window()
+                    while not window.wait_for_room(0.05) and not stop.is_set():
+                        if on_tick is not None:
+                            on_tick()
+                    now = self.clock.now()
+                    if now - last_trim >= t.trim_period_seconds or (
+                        self.end_of_input and window.num_entries == 0
+                    ):
+                        self.trim_input_rows()
+                        last_trim = now
+                    if self.is_drained():
+                        self.mark_drained()
+                        return
+                    if on_tick is not None:
+                        on_tick()
+                    if not progressed:
+                        self.clock.sleep(t.idle_seconds, stop)
+            except SplitBrainError:
+                self.clock.sleep(t.split_brain_delay_seconds, stop)
+
+
+_EMPTY = pa.record_batch([], names=[])
+_EMPTY_INDICES = pa.array([], type=pa.int32())
