@@ -13,11 +13,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import millstream as ms
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-import millstream as ms
 
 ROOT = Path(os.environ.get("MILLSTREAM_EXAMPLE_DIR", "/tmp/millstream-keyed-sum"))
 ROWS = int(os.environ.get("MILLSTREAM_EXAMPLE_ROWS", "2000000"))

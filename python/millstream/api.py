@@ -86,15 +86,21 @@ class Partitioned:
         cls, batch: pa.RecordBatch | pa.Table, reducer_indices: pa.Array | Sequence[int]
     ) -> Partitioned:
         """Rows with explicit reducer indices chosen by the mapper."""
-        array = reducer_indices if isinstance(reducer_indices, pa.Array) else pa.array(
-            reducer_indices, type=pa.int32()
+        array = (
+            reducer_indices
+            if isinstance(reducer_indices, pa.Array)
+            else pa.array(reducer_indices, type=pa.int32())
         )
         return cls(_as_batch(batch), array)
 
 
 def _as_batch(data: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     if isinstance(data, pa.Table):
-        return data.combine_chunks().to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist([], schema=data.schema)
+        return (
+            data.combine_chunks().to_batches()[0]
+            if data.num_rows
+            else pa.RecordBatch.from_pylist([], schema=data.schema)
+        )
     return data
 
 

@@ -77,12 +77,12 @@ def _status(args: argparse.Namespace) -> int:
             )
         print(f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12}  committed row indices")
         for r in range(info.num_reducers):
-            state = read_reducer_state(txn, r, info.num_mappers)
+            committed = read_reducer_state(txn, r, info.num_mappers).committed_row_indices
             s = statuses.get(("reducer", r), {})
             alive = r in reducers and now - reducers[r].heartbeat < 10
             print(
                 f"{r:>7} {'yes' if alive else 'no':>5} {int(s.get('commits', 0)):>9,} "
-                f"{int(s.get('rows_reduced', 0)):>12,}  {list(state.committed_row_indices)}"
+                f"{int(s.get('rows_reduced', 0)):>12,}  {list(committed)}"
             )
     finally:
         txn.reset()

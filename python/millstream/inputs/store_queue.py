@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+
 from millstream.exceptions import ConfigurationError, InputError
 from millstream.inputs.base import ReadResult
 from millstream.state.base import Store, Transaction

@@ -49,9 +49,7 @@ class GetRowsResult:
 class RowsClient(Protocol):
     """How a reducer calls its mappers; gRPC here, in-process in simulations."""
 
-    def get_rows_many(
-        self, calls: Sequence[GetRowsCall]
-    ) -> list[GetRowsResult | BaseException]:
+    def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
         """Run the calls concurrently; each slot holds the result or the error."""
         ...
 
@@ -100,9 +98,7 @@ class GrpcRowsClient:
             response.row_count, response.last_shuffle_row_index, response.arrow_ipc
         )
 
-    def get_rows_many(
-        self, calls: Sequence[GetRowsCall]
-    ) -> list[GetRowsResult | BaseException]:
+    def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
         """Call every mapper at once and wait for all answers."""
         futures = [self._pool.submit(self._call, call) for call in calls]
         results: list[GetRowsResult | BaseException] = []

@@ -31,7 +31,7 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         self._handler = handler
         self._max_bytes = max_bytes
 
-    def GetRows(  # noqa: N802 - the generated servicer's name
+    def GetRows(
         self, request: millstream_pb2.GetRowsRequest, context: grpc.ServicerContext
     ) -> millstream_pb2.GetRowsResponse:
         max_bytes = min(request.max_bytes or self._max_bytes, self._max_bytes)

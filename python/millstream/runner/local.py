@@ -226,7 +226,9 @@ class LocalRunner:
             slot.failures += 1
             self.restarts += 1
             if self.progress:
-                print(f"millstream: {wid[0]} {wid[1]} died (exit {code}); restarting", file=self.out)
+                print(
+                    f"millstream: {wid[0]} {wid[1]} died (exit {code}); restarting", file=self.out
+                )
             slot.process = self._spawn(wid)
             slot.started = time.monotonic()
         return all_done
@@ -280,14 +282,20 @@ class LocalRunner:
                 txn.reset()
         finally:
             store.close()
-        read = sum(int(v.get("rows_read", 0)) for (role, _), v in statuses.items() if role == "mapper")
+        read = sum(
+            int(v.get("rows_read", 0)) for (role, _), v in statuses.items() if role == "mapper"
+        )
         committed = sum(
             int(v.get("persisted_input_unread_row_index", 0))
             for (role, _), v in statuses.items()
             if role == "mapper"
         )
-        window = sum(int(v.get("window_bytes", 0)) for (role, _), v in statuses.items() if role == "mapper")
-        commits = sum(int(v.get("commits", 0)) for (role, _), v in statuses.items() if role == "reducer")
+        window = sum(
+            int(v.get("window_bytes", 0)) for (role, _), v in statuses.items() if role == "mapper"
+        )
+        commits = sum(
+            int(v.get("commits", 0)) for (role, _), v in statuses.items() if role == "reducer"
+        )
         elapsed = time.monotonic() - self._started_at
         print(
             f"millstream: {elapsed:6.1f} s  read {read:,} rows  persisted {committed:,}  "

@@ -58,7 +58,9 @@ class _Heartbeat:
             register_worker(
                 txn, self._role, self._index, self._guid, self._address, SYSTEM_CLOCK.wall()
             )
-            write_worker_status(txn, self._role, self._index, {**metrics, "time": SYSTEM_CLOCK.wall()})
+            write_worker_status(
+                txn, self._role, self._index, {**metrics, "time": SYSTEM_CLOCK.wall()}
+            )
 
         try:
             self._store.transact(write, max_retries=3)
@@ -115,7 +117,9 @@ def _run_mapper(
     store.transact(lambda txn: txn.clear(drained_key(index)))
     server = RowsServer(worker, "0.0.0.0:0", t.grpc_max_message_bytes, t.get_rows_max_bytes)
     address = f"{t.advertise_host}:{server.port}"
-    beat = _Heartbeat(store, "mapper", index, worker.guid, address, t.heartbeat_seconds, worker.metrics)
+    beat = _Heartbeat(
+        store, "mapper", index, worker.guid, address, t.heartbeat_seconds, worker.metrics
+    )
     try:
         beat.beat(force=True)
         worker.run(stop, on_tick=beat.beat)

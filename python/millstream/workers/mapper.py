@@ -279,9 +279,7 @@ class MapperWorker:
     def metrics(self) -> dict[str, float | int | str]:
         """Status figures for ``millstream status``."""
         window = self.window
-        input_unread, shuffle_unread, _ = (
-            window.local_state() if window else (0, 0, b"")
-        )
+        input_unread, shuffle_unread, _ = window.local_state() if window else (0, 0, b"")
         return {
             "guid": self.guid,
             "rows_read": self.rows_read,
