@@ -1,0 +1,79 @@
+"""The I/O meter sees bytes written and fsynced by a toy writer, including by its children."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from bench.io_meter import ProcessTreeMeter, measure_callable, run_subprocess
+
+MB = 1 << 20
+
+WRITER = """
+import os, sys, time
+path, size, children = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def write(p):
+    with open(p, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    time.sleep(0.3)  # outlive a few samples so the tree walk sees the bytes
+pids = []
+for i in range(children):
+    pid = os.fork()
+    if pid == 0:
+        write(f"{path}.{i}")
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+write(path)
+"""
+
+
+def _write_fsync(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_meter_sees_bytes_written_in_this_process(tmp_path: Path) -> None:
+    _, report = measure_callable(lambda: _write_fsync(tmp_path / "a.bin", 8 * MB), interval=0.05)
+    assert report.write_bytes >= 8 * MB
+    assert report.wchar >= 8 * MB
+    assert report.peak_rss_bytes > 0
+
+
+def test_subprocess_tree_including_children(tmp_path: Path) -> None:
+    size, children = 4 * MB, 3
+    status, report = run_subprocess(
+        [sys.executable, "-c", WRITER, str(tmp_path / "b.bin"), str(size), str(children)],
+        interval=0.02,
+    )
+    assert status == 0
+    assert report.write_bytes >= (children + 1) * size
+    assert len(report.processes) == children + 1
+    # wait4 of the root also covers the children it reaped.
+    assert report.wait4_oublock_bytes is not None
+    assert report.wait4_oublock_bytes >= (children + 1) * size
+    assert report.wchar >= size
+
+
+def test_process_alive_at_start_counts_from_its_baseline(tmp_path: Path) -> None:
+    _write_fsync(tmp_path / "before.bin", 4 * MB)
+    with ProcessTreeMeter([os.getpid()], interval=0.05) as meter:
+        _write_fsync(tmp_path / "during.bin", 2 * MB)
+    report = meter.stop()
+    assert 2 * MB <= report.write_bytes < 4 * MB + 2 * MB
+
+
+def test_deleted_file_is_cancelled(tmp_path: Path) -> None:
+    def write_and_delete() -> None:
+        path = tmp_path / "gone.bin"
+        path.write_bytes(os.urandom(4 * MB))
+        path.unlink()
+
+    _, report = measure_callable(write_and_delete, interval=0.05)
+    assert report.net_write_bytes <= report.write_bytes
