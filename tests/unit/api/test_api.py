@@ -140,13 +140,15 @@ def test_parquet_log_end_and_errors(tmp_path: Path) -> None:
     reader = ParquetLogReader(part)
     first = reader.read(0, 100, b"")
     assert first.end_of_input
-    assert first.batch is not None and first.batch.num_rows == 10
+    assert first.batch is not None
+    assert first.batch.num_rows == 10
     last = reader.read(10, 20, first.continuation_token)
-    assert last.batch is None and last.end_of_input
+    assert last.batch is None
+    assert last.end_of_input
     with pytest.raises(InputError, match="bad ParquetLog continuation token"):
         reader.read(0, 10, b"garbage")
     (part / "f999.parquet").write_bytes(b"not parquet")
-    with pytest.raises(InputError, match="f999.parquet"):
+    with pytest.raises(InputError, match=r"f999\.parquet"):
         ParquetLogReader(part).read(10, 20, first.continuation_token)
 
 
