@@ -88,8 +88,16 @@ class Processor:
         if self.num_mappers < 1:
             raise ConfigurationError("the input has no partitions, so there is no mapper to run")
         t = self.tuning
-        if t.batch_rows < 1 or t.get_rows_max_rows < 1:
-            raise ConfigurationError("tuning.batch_rows and get_rows_max_rows must be >= 1")
+        if t.batch_rows < 1 or t.commit_max_rows < 1 or t.commit_max_bytes < 1:
+            raise ConfigurationError(
+                "tuning.batch_rows, commit_max_rows and commit_max_bytes must be >= 1"
+            )
+        if t.memory_limit_bytes < 1:
+            raise ConfigurationError("tuning.memory_limit_bytes must be >= 1")
+        if t.on_user_error not in ("stop", "retry"):
+            raise ConfigurationError(
+                f"tuning.on_user_error must be 'stop' or 'retry', got {t.on_user_error!r}"
+            )
         if t.get_rows_max_bytes >= t.grpc_max_message_bytes:
             raise ConfigurationError(
                 f"tuning.get_rows_max_bytes ({t.get_rows_max_bytes}) must be below "

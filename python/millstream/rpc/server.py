@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
 
 import grpc
 
 from millstream.exceptions import CommittedIndexError, StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-
-
-class RowsHandler(Protocol):
-    """What serves GetRows (the mapper worker)."""
-
-    def handle_get_rows(
-        self,
-        reducer_index: int,
-        committed_row_index: int,
-        max_rows: int,
-        max_bytes: int,
-        mapper_id: str,
-    ) -> tuple[int, int, bytes]:
-        """Thesis 4.3.4; returns (row_count, last_shuffle_row_index, Arrow IPC)."""
-        ...
+from millstream.rpc.calls import RowsHandler
 
 
 class _Servicer(millstream_pb2_grpc.MapperServicer):

@@ -1,9 +1,15 @@
-"""Mapper and reducer workers, and the one entry point every runner uses."""
+"""Mapper and reducer workers, and the one entry point every runner uses.
+
+The protocol lives in :class:`MapperWorker` and :class:`ReducerWorker` as plain methods
+with injected dependencies (store, clock, reader, RPC client). This module is the thin
+serving layer around them: the gRPC server, the heartbeat thread and the main loop.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from millstream.exceptions import RetryableStoreError, StoreUnavailableError
@@ -11,13 +17,14 @@ from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 from millstream.state import Store, Transaction
 from millstream.state.records import (
+    Metric,
     check_processor_info,
     register_worker,
     unregister_worker,
     write_worker_status,
 )
-from millstream.workers.clock import SYSTEM_CLOCK
-from millstream.workers.mapper import MapperWorker, drained_key
+from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock, ManualClock, SystemClock
+from millstream.workers.mapper import MapperWorker, drained_key, mapped_key
 from millstream.workers.reducer import ReducerWorker, reduced_key
 
 if TYPE_CHECKING:
@@ -28,8 +35,12 @@ log = logging.getLogger("millstream.workers")
 ROLES = ("mapper", "reducer")
 
 
-class _Heartbeat:
-    """Refreshes discovery and publishes status every ``period`` seconds."""
+class Heartbeat:
+    """Registers a worker in discovery and publishes its status, from its own thread.
+
+    A thread (rather than the worker loop) keeps the worker visible while ``map`` or
+    ``reduce`` runs long or the mapper waits for memory.
+    """
 
     def __init__(
         self,
@@ -39,35 +50,47 @@ class _Heartbeat:
         guid: str,
         address: str,
         period: float,
-        metrics: object,
+        metrics: Callable[[], dict[str, Metric]],
     ) -> None:
         self._store = store
         self._role, self._index, self._guid, self._address = role, index, guid, address
         self._period = period
         self._metrics = metrics
-        self._last = -1e18
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def beat(self, *, force: bool = False) -> None:
-        now = SYSTEM_CLOCK.now()
-        if not force and now - self._last < self._period:
-            return
-        self._last = now
-        metrics = self._metrics() if callable(self._metrics) else {}
+    def beat(self) -> None:
+        """Register (or refresh) the discovery entry and write the status once."""
+        metrics = self._metrics()
+        now = SYSTEM_CLOCK.wall()
 
         def write(txn: Transaction) -> None:
-            register_worker(
-                txn, self._role, self._index, self._guid, self._address, SYSTEM_CLOCK.wall()
-            )
-            write_worker_status(
-                txn, self._role, self._index, {**metrics, "time": SYSTEM_CLOCK.wall()}
-            )
+            register_worker(txn, self._role, self._index, self._guid, self._address, now)
+            write_worker_status(txn, self._role, self._index, {**metrics, "time": now})
 
         try:
             self._store.transact(write, max_retries=3)
         except (RetryableStoreError, StoreUnavailableError) as exc:
             log.warning("%s %d: heartbeat failed: %s", self._role, self._index, exc)
 
-    def leave(self) -> None:
+    def start(self) -> None:
+        """Beat now, then every period from a daemon thread."""
+        self.beat()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"heartbeat-{self._role}-{self._index}", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._period):
+            self.beat()
+
+    def stop(self) -> None:
+        """Stop beating, publish a last status and leave discovery."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.beat()
         try:
             self._store.transact(
                 lambda txn: unregister_worker(txn, self._role, self._index, self._guid),
@@ -81,69 +104,99 @@ def run_worker(
     processor: Processor,
     role: str,
     index: int,
-    stop: threading.Event | None = None,
+    stop_event: threading.Event | None = None,
     *,
     guid: str | None = None,
 ) -> None:
-    """Run one worker in this process until its work drains or ``stop`` is set.
+    """Run one worker in this process until its work drains or ``stop_event`` is set.
 
     Every runner (local processes, Spark tasks) calls this. It returns normally once the
-    worker is done (mapper: all its rows committed; reducer: every mapper drained).
+    worker is done (mapper: every row of its bounded input committed and persisted;
+    reducer: every mapper drained) or stopped.
+
+    Args:
+        processor: The processor the worker belongs to.
+        role: ``"mapper"`` or ``"reducer"``.
+        index: The worker's index within its role.
+        stop_event: Set it to stop the worker (it then returns).
+        guid: This instance's GUID; a fresh one by default.
 
     Raises:
         ConfigurationError: The store holds a processor with other counts or classes.
-        UserCodeError: The user's ``map`` or ``reduce`` raised.
+        UserCodeError: The user's ``map`` or ``reduce`` raised (``on_user_error="stop"``).
         MillstreamError: Other failures, with what to do.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-    stop = stop or threading.Event()
+    count = processor.num_mappers if role == "mapper" else processor.num_reducers
+    if not 0 <= index < count:
+        raise ValueError(f"{role} index {index} out of range: the processor has {count}")
+    stop = stop_event if stop_event is not None else threading.Event()
     store = processor.open_store()
     try:
         store.transact(lambda txn: check_processor_info(txn, processor.info))
         if role == "mapper":
-            _run_mapper(processor, index, store, stop, guid)
+            _serve_mapper(processor, index, store, stop, guid)
         else:
-            _run_reducer(processor, index, store, stop, guid)
+            _serve_reducer(processor, index, store, stop, guid)
     finally:
         store.close()
 
 
-def _run_mapper(
+def _serve_mapper(
     processor: Processor, index: int, store: Store, stop: threading.Event, guid: str | None
 ) -> None:
     t = processor.tuning
     worker = MapperWorker(processor, index, store, guid=guid)
-    store.transact(lambda txn: txn.clear(drained_key(index)))
-    server = RowsServer(worker, "0.0.0.0:0", t.grpc_max_message_bytes, t.get_rows_max_bytes)
-    address = f"{t.advertise_host}:{server.port}"
-    beat = _Heartbeat(
-        store, "mapper", index, worker.guid, address, t.heartbeat_seconds, worker.metrics
-    )
     try:
-        beat.beat(force=True)
-        worker.run(stop, on_tick=beat.beat)
-        beat.beat(force=True)
+        store.transact(lambda txn: txn.clear(drained_key(index)))
+        server = RowsServer(worker, "0.0.0.0:0", t.grpc_max_message_bytes, t.get_rows_max_bytes)
+        try:
+            address = f"{t.advertise_host}:{server.port}"
+            beat = Heartbeat(
+                store, "mapper", index, worker.guid, address, t.heartbeat_seconds, worker.metrics
+            )
+            beat.start()
+            try:
+                worker.run(stop)
+            finally:
+                beat.stop()
+        finally:
+            server.stop()
     finally:
-        beat.leave()
-        server.stop()
         worker.close()
 
 
-def _run_reducer(
+def _serve_reducer(
     processor: Processor, index: int, store: Store, stop: threading.Event, guid: str | None
 ) -> None:
     t = processor.tuning
     client = GrpcRowsClient(t.rpc_timeout_seconds, t.grpc_max_message_bytes)
-    worker = ReducerWorker(processor, index, store, client, guid=guid)
-    beat = _Heartbeat(store, "reducer", index, worker.guid, "", t.heartbeat_seconds, worker.metrics)
     try:
-        beat.beat(force=True)
-        worker.run(stop, on_tick=beat.beat)
-        beat.beat(force=True)
+        worker = ReducerWorker(processor, index, store, client, guid=guid)
+        beat = Heartbeat(
+            store, "reducer", index, worker.guid, "", t.heartbeat_seconds, worker.metrics
+        )
+        beat.start()
+        try:
+            worker.run(stop)
+        finally:
+            beat.stop()
     finally:
-        beat.leave()
         client.close()
 
 
-__all__ = ["MapperWorker", "ReducerWorker", "drained_key", "reduced_key", "run_worker"]
+__all__ = [
+    "SYSTEM_CLOCK",
+    "Backoff",
+    "Clock",
+    "Heartbeat",
+    "ManualClock",
+    "MapperWorker",
+    "ReducerWorker",
+    "SystemClock",
+    "drained_key",
+    "mapped_key",
+    "reduced_key",
+    "run_worker",
+]

@@ -43,3 +43,49 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+class Backoff:
+    """Exponential back-off between retries: ``initial``, doubled per failure, capped."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self._initial = initial
+        self._maximum = maximum
+        self._current = initial
+
+    def next(self) -> float:
+        """The wait before the next retry; doubles the one after."""
+        delay = self._current
+        self._current = min(self._maximum, self._current * 2)
+        return delay
+
+    def reset(self) -> None:
+        """Back to the initial wait after a success."""
+        self._current = self._initial
+
+
+class ManualClock:
+    """A clock that only moves when told to (simulations and tests).
+
+    ``sleep`` advances the time instead of waiting, so loops driven by it run instantly.
+    """
+
+    def __init__(self, start: float = 0.0, wall_offset: float = 1.7e9) -> None:
+        self._now = start
+        self._wall_offset = wall_offset
+
+    def now(self) -> float:
+        """The current simulated time."""
+        return self._now
+
+    def wall(self) -> float:
+        """Simulated Unix time."""
+        return self._wall_offset + self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward."""
+        self._now += seconds
+
+    def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
+        """Advance by ``seconds`` without waiting."""
+        self._now += max(0.0, seconds)

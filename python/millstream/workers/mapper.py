@@ -7,9 +7,9 @@ simulation can drive them one by one; :meth:`~MapperWorker.run` is the thin loop
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -20,22 +20,31 @@ from millstream.exceptions import (
     CommitUnknownResultError,
     MemoryLimitError,
     MillstreamError,
+    RetryableStoreError,
     SplitBrainError,
     StaleMapperError,
+    StoreUnavailableError,
     UserCodeError,
 )
 from millstream.inputs.base import PartitionReader
 from millstream.state import Store, Transaction, pack
 from millstream.state.records import SYSTEM, MapperState, read_mapper_state, write_mapper_state
-from millstream.workers.clock import SYSTEM_CLOCK, Clock
+from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
+
+log = logging.getLogger("millstream.mapper")
 
 
 def drained_key(mapper_index: int) -> tuple[str, str, int]:
     """Key a mapper sets once every row of its bounded input has its effect committed."""
     return (*SYSTEM, "drained", mapper_index)
+
+
+def mapped_key(mapper_index: int, what: str) -> tuple[str, str, int, str]:
+    """Counter key of a mapper's totals (``batches``: map calls whose rows were persisted)."""
+    return (*SYSTEM, "mapped", mapper_index, what)
 
 
 class MapperWorker:
@@ -83,6 +92,10 @@ class MapperWorker:
         self.rows_read = 0
         self.rows_shuffled = 0
         self.batches = 0
+        self._batches_unpersisted = 0
+        self.started_at = clock.now()
+        self.errors = 0
+        self.last_error = ""
 
     # -- ingestion (thesis 4.3.3) -------------------------------------------------------
 
@@ -105,6 +118,7 @@ class MapperWorker:
             old.close()
         self._token = self.persisted.continuation_token
         self.end_of_input = False
+        self._batches_unpersisted = 0
 
     def _check_persisted(self) -> None:
         """Step 3 of 4.3.3: the persisted state must be the one this instance last saw."""
@@ -165,6 +179,7 @@ class MapperWorker:
         self.rows_read += rows
         self.rows_shuffled += mapped.batch.num_rows
         self.batches += 1
+        self._batches_unpersisted += 1
         return True
 
     def _require_window(self) -> _core.Window:
@@ -200,7 +215,11 @@ class MapperWorker:
     # -- TrimInputRows (thesis 4.3.5) ---------------------------------------------------
 
     def trim_input_rows(self) -> bool:
-        """Persist the local state if it moved and nobody else wrote, then trim the input.
+        """TrimInputRows: persist the local state if nobody else wrote, then trim the input.
+
+        Runs in one transaction that re-reads the persisted state; when it is still the one
+        this instance last saw and the local state is further along, the local state is
+        written. The input is trimmed only after that commit.
 
         Returns:
             Whether the persisted state advanced.
@@ -210,12 +229,10 @@ class MapperWorker:
         """
         window = self._require_window()
         input_index, shuffle_index, token = window.local_state()
-        if (
-            input_index <= self.persisted.input_unread_row_index
-            and shuffle_index <= self.persisted.shuffle_unread_row_index
-        ):
-            return False
-        local = MapperState(input_index, shuffle_index, token, self.persisted.version)
+        advanced = (
+            input_index > self.persisted.input_unread_row_index
+            or shuffle_index > self.persisted.shuffle_unread_row_index
+        )
         txn = self.store.create_transaction()
         written: MapperState | None = None
         try:
@@ -225,7 +242,13 @@ class MapperWorker:
                     f"mapper {self.index}: persisted state changed under this instance "
                     f"({self.persisted} -> {current}); another instance is running"
                 )
+            if not advanced:
+                txn.reset()
+                return False
+            local = MapperState(input_index, shuffle_index, token, self.persisted.version)
             written = write_mapper_state(txn, self.index, local)
+            if self._batches_unpersisted:
+                txn.add(mapped_key(self.index, "batches"), self._batches_unpersisted)
             txn.commit()
         except CommitUnknownResultError:
             txn.reset()
@@ -236,6 +259,7 @@ class MapperWorker:
             raise
         assert written is not None
         self.persisted = written
+        self._batches_unpersisted = 0
         self.reader.trim(written.input_unread_row_index, written.continuation_token)
         return True
 
@@ -292,42 +316,78 @@ class MapperWorker:
             "window_rows": window.buffered_rows if window else 0,
             "window_bytes": window.buffered_bytes if window else 0,
             "window_entries": window.num_entries if window else 0,
+            "shuffle_end_row_index": window.shuffle_end_row_index if window else 0,
+            "memory_limit_bytes": self.tuning.memory_limit_bytes,
             "end_of_input": int(self.end_of_input),
+            "uptime": self.clock.now() - self.started_at,
+            "errors": self.errors,
+            "last_error": self.last_error[:500],
         }
 
     # -- the loop -----------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, *, on_tick: Callable[[], None] | None = None) -> None:
-        """Ingest until drained or stopped; restart ingestion on split brain.
+    def run(self, stop: threading.Event) -> None:
+        """Ingest until drained or stopped: the thin loop around the protocol steps.
 
-        ``on_tick`` runs periodic duties (heartbeat, status) between batches.
+        Store errors skip to the next iteration after a back-off (thesis 4.3.3 step 3);
+        split brain restarts ingestion from the persisted state after a delay. A ``map``
+        that raises stops the worker (``on_user_error="stop"``) or is retried.
         """
         t = self.tuning
+        backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
         while not stop.is_set():
             try:
                 self.start_ingestion()
-                last_trim = self.clock.now()
-                while not stop.is_set():
-                    progressed = False if self.end_of_input else self.ingest_once()
-                    window = self._require_window()
-                    while not window.wait_for_room(0.05) and not stop.is_set():
-                        if on_tick is not None:
-                            on_tick()
-                    now = self.clock.now()
-                    if now - last_trim >= t.trim_period_seconds or (
-                        self.end_of_input and window.num_entries == 0
-                    ):
-                        self.trim_input_rows()
-                        last_trim = now
-                    if self.is_drained():
-                        self.mark_drained()
-                        return
-                    if on_tick is not None:
-                        on_tick()
-                    if not progressed:
-                        self.clock.sleep(t.idle_seconds, stop)
-            except SplitBrainError:
+                self._ingest_loop(stop, backoff)
+                return
+            except SplitBrainError as exc:
+                self._note_error(exc)
                 self.clock.sleep(t.split_brain_delay_seconds, stop)
+            except UserCodeError as exc:
+                if t.on_user_error == "stop":
+                    raise
+                self._note_error(exc)
+                self.clock.sleep(backoff.next(), stop)
+            except (RetryableStoreError, StoreUnavailableError) as exc:
+                self._note_error(exc)
+                self.clock.sleep(backoff.next(), stop)
+
+    def _ingest_loop(self, stop: threading.Event, backoff: Backoff) -> None:
+        t = self.tuning
+        window = self._require_window()
+        last_trim = self.clock.now()
+        while not stop.is_set():
+            progressed = False
+            if not self.end_of_input:
+                try:
+                    progressed = self.ingest_once()
+                    backoff.reset()
+                except (RetryableStoreError, StoreUnavailableError) as exc:
+                    self._note_error(exc)
+                    self.clock.sleep(backoff.next(), stop)
+                    continue
+            while True:
+                room = window.wait_for_room(min(0.1, t.trim_period_seconds))
+                now = self.clock.now()
+                drained_window = self.end_of_input and window.num_entries == 0
+                if now - last_trim >= t.trim_period_seconds or drained_window:
+                    last_trim = now
+                    try:
+                        self.trim_input_rows()
+                    except (RetryableStoreError, StoreUnavailableError) as exc:
+                        self._note_error(exc)
+                if room or stop.is_set():
+                    break
+            if self.is_drained():
+                self.mark_drained()
+                return
+            if not progressed:
+                self.clock.sleep(t.idle_seconds, stop)
+
+    def _note_error(self, exc: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.warning("mapper %d: %s", self.index, self.last_error)
 
 
 _EMPTY = pa.record_batch([], names=[])

@@ -6,17 +6,24 @@ simulation can drive; :meth:`~ReducerWorker.run` is the thin loop around it.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from millstream import _core
 from millstream.api import Transaction, WorkerSpec
-from millstream.exceptions import RetryableStoreError, UserCodeError
-from millstream.rpc.client import GetRowsCall, GetRowsResult, RowsClient
+from millstream.exceptions import (
+    RetryableStoreError,
+    StoreConflictError,
+    StoreUnavailableError,
+    TransactionTooLargeError,
+    TransactionTooOldError,
+    UserCodeError,
+)
+from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsClient
 from millstream.state import Store
 from millstream.state.records import (
     SYSTEM,
@@ -27,15 +34,17 @@ from millstream.state.records import (
     read_reducer_state,
     write_reducer_state,
 )
-from millstream.workers.clock import SYSTEM_CLOCK, Clock
+from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 from millstream.workers.mapper import drained_key
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
 
+log = logging.getLogger("millstream.reducer")
+
 
 def reduced_key(reducer_index: int, what: str) -> tuple[str, str, int, str]:
-    """Counter key of a reducer's committed totals (``rows``, ``commits``)."""
+    """Counter key of a reducer's committed totals (``rows``, ``bytes``, ``commits``)."""
     return (*SYSTEM, "reduced", reducer_index, what)
 
 
@@ -83,6 +92,10 @@ class ReducerWorker:
         self.split_brains = 0
         self.last_state: ReducerState | None = None
         self.all_drained = False
+        self.errors = 0
+        self.last_error = ""
+        self.started_at = clock.now()
+        self._fetch_scale = 1.0
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
         """Steps 2-3: the persisted state, live mappers, and mappers already drained."""
@@ -96,15 +109,33 @@ class ReducerWorker:
             txn.reset()
         return state, mappers, drained
 
+    def _caps(self, live: int) -> tuple[int, int]:
+        """Rows and bytes to ask each of ``live`` mappers for in this transaction."""
+        t = self.tuning
+        scale = self._fetch_scale
+        rows = max(1, int(t.commit_max_rows * scale) // max(1, live))
+        size = max(1, min(t.get_rows_max_bytes, int(t.commit_max_bytes * scale) // max(1, live)))
+        return rows, size
+
     def run_once(self) -> bool:
-        """One iteration of thesis 4.4.2. Returns whether a batch was committed.
+        """One iteration of thesis 4.4.2 (steps 2-8). Returns whether a batch was committed.
+
+        Mappers that fail to answer are skipped this round (their committed index stays).
 
         Raises:
             UserCodeError: ``reduce`` raised; nothing of the batch was committed.
+            TransactionTooLargeError: Even a single row's writes exceed the store's limit.
+            RetryableStoreError, StoreUnavailableError: The store failed; retry later.
         """
         state, mappers, drained = self._read_view()
         self.last_state = state
         self.all_drained = len(drained) == self.processor.num_mappers
+        live = {
+            m: info
+            for m, info in mappers.items()
+            if m not in drained and 0 <= m < self.processor.num_mappers
+        }
+        max_rows, max_bytes = self._caps(len(live))
         calls = [
             GetRowsCall(
                 m,
@@ -112,11 +143,10 @@ class ReducerWorker:
                 info.guid,
                 self.index,
                 state.committed_row_indices[m],
-                self.tuning.get_rows_max_rows,
-                self.tuning.get_rows_max_bytes,
+                max_rows,
+                max_bytes,
             )
-            for m, info in sorted(mappers.items())
-            if m not in drained and m < self.processor.num_mappers
+            for m, info in sorted(live.items())
         ]
         if not calls:
             return False
@@ -125,9 +155,10 @@ class ReducerWorker:
         payloads: list[bytes] = []
         ranges: list[str] = []
         for call, result in zip(calls, results, strict=True):
-            if not isinstance(result, GetRowsResult) or result.row_count == 0:
+            if not isinstance(result, GetRowsResult):
+                self._note_error(f"GetRows from mapper {call.mapper_index}", result)
                 continue
-            if result.last_shuffle_row_index <= call.committed_row_index:
+            if result.row_count == 0 or result.last_shuffle_row_index <= call.committed_row_index:
                 continue
             new[call.mapper_index] = result.last_shuffle_row_index
             payloads.append(result.arrow_ipc)
@@ -138,7 +169,23 @@ class ReducerWorker:
         if not payloads:
             return False
         batch = _core.decode_ipc(payloads)
-        return self._reduce_and_commit(state, ReducerState(tuple(new)), batch, ranges, payloads)
+        try:
+            committed = self._reduce_and_commit(
+                state, ReducerState(tuple(new)), batch, ranges, payloads
+            )
+        except (TransactionTooLargeError, TransactionTooOldError) as exc:
+            if batch.num_rows <= 1:
+                raise TransactionTooLargeError(
+                    f"reducer {self.index}: the writes of reduce for one row "
+                    f"({'; '.join(ranges)}) exceed the store's transaction limits: {exc}. "
+                    "Write less per row (FoundationDB: 10 MB and 5 s per transaction)"
+                ) from exc
+            self._fetch_scale = max(self._fetch_scale / 2, 1e-9)
+            self._note_error("commit", exc)
+            return False
+        if committed and self._fetch_scale < 1.0:
+            self._fetch_scale = min(1.0, self._fetch_scale * 1.25)
+        return committed
 
     def _reduce_and_commit(
         self,
@@ -149,10 +196,13 @@ class ReducerWorker:
         payloads: list[bytes],
     ) -> bool:
         """Steps 5-8: reduce inside a transaction, re-check the state, write it, commit."""
+        fetched = sum(map(len, payloads))
         txn = self.store.create_transaction()
         try:
             try:
                 self.user.reduce(batch, Transaction(txn))
+            except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
+                raise
             except Exception as exc:
                 raise UserCodeError(
                     f"reduce of reducer {self.index} raised on {batch.num_rows} rows "
@@ -165,18 +215,26 @@ class ReducerWorker:
                 return False
             write_reducer_state(txn, self.index, new)
             txn.add(reduced_key(self.index, "rows"), batch.num_rows)
+            txn.add(reduced_key(self.index, "bytes"), fetched)
             txn.add(reduced_key(self.index, "commits"), 1)
             txn.commit()
-        except RetryableStoreError:
+        except StoreConflictError:
             txn.reset()
+            self.split_brains += 1
             return False
         except BaseException:
             txn.reset()
             raise
+        self.last_state = new
         self.commits += 1
         self.rows_reduced += batch.num_rows
-        self.bytes_fetched += sum(map(len, payloads))
+        self.bytes_fetched += fetched
         return True
+
+    def _note_error(self, what: str, exc: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{what}: {type(exc).__name__}: {exc}"
+        log.info("reducer %d: %s", self.index, self.last_error)
 
     def metrics(self) -> dict[str, float | int | str]:
         """Status figures for ``millstream status``."""
@@ -188,22 +246,40 @@ class ReducerWorker:
             "bytes_fetched": self.bytes_fetched,
             "split_brains": self.split_brains,
             "committed_row_indices": ",".join(map(str, committed)),
+            "uptime": self.clock.now() - self.started_at,
+            "errors": self.errors,
+            "last_error": self.last_error[:500],
         }
 
-    def run(self, stop: threading.Event, *, on_tick: Callable[[], None] | None = None) -> None:
-        """Reduce until every mapper is drained or ``stop`` is set."""
+    def run(self, stop: threading.Event) -> None:
+        """Reduce until every mapper is drained or ``stop`` is set: the thin loop.
+
+        Waits ``commit_interval_seconds`` between commits (rows accumulate meanwhile and
+        go into one transaction), and backs off after errors (thesis 4.4.2 step 1).
+        """
         t = self.tuning
-        last_commit = self.clock.now()
+        backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
+        last_commit = self.clock.now() - t.commit_interval_seconds
         while not stop.is_set():
             wait = t.commit_interval_seconds - (self.clock.now() - last_commit)
             if wait > 0:
                 self.clock.sleep(wait, stop)
-            committed = self.run_once()
-            if committed:
-                last_commit = self.clock.now()
-            if on_tick is not None:
-                on_tick()
+            try:
+                committed = self.run_once()
+            except UserCodeError as exc:
+                if t.on_user_error == "stop":
+                    raise
+                self._note_error("reduce", exc)
+                self.clock.sleep(backoff.next(), stop)
+                continue
+            except (RetryableStoreError, StoreUnavailableError) as exc:
+                self._note_error("store", exc)
+                self.clock.sleep(backoff.next(), stop)
+                continue
             if self.all_drained:
                 return
-            if not committed:
+            if committed:
+                backoff.reset()
+                last_commit = self.clock.now()
+            else:
                 self.clock.sleep(t.idle_seconds, stop)

@@ -1,0 +1,71 @@
+"""GetRows as plain data, and the two interfaces around it.
+
+:class:`RowsHandler` serves GetRows (the mapper worker); :class:`RowsClient` makes the
+calls (the reducer worker). gRPC implements both sides for real runs; in-process versions
+let a simulation drive mappers and reducers step by step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GetRowsCall:
+    """One GetRows request to one mapper instance.
+
+    Attributes:
+        mapper_index: The mapper's index.
+        address: ``host:port`` of its gRPC server.
+        mapper_guid: The instance's GUID from discovery; a mismatch is rejected.
+        reducer_index: The calling reducer.
+        committed_row_index: Last shuffle index the reducer committed from this mapper.
+        max_rows: Row cap of the response.
+        max_bytes: Byte cap of the response.
+    """
+
+    mapper_index: int
+    address: str
+    mapper_guid: str
+    reducer_index: int
+    committed_row_index: int
+    max_rows: int
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class GetRowsResult:
+    """A mapper's answer: rows after the committed index, as one Arrow IPC stream."""
+
+    row_count: int
+    last_shuffle_row_index: int
+    arrow_ipc: bytes
+
+
+class RowsClient(Protocol):
+    """How a reducer calls its mappers; gRPC here, in-process in simulations."""
+
+    def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
+        """Run the calls concurrently; each slot holds the result or the error."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+class RowsHandler(Protocol):
+    """What serves GetRows (the mapper worker)."""
+
+    def handle_get_rows(
+        self,
+        reducer_index: int,
+        committed_row_index: int,
+        max_rows: int,
+        max_bytes: int,
+        mapper_id: str,
+    ) -> tuple[int, int, bytes]:
+        """Thesis 4.3.4; returns (row_count, last_shuffle_row_index, Arrow IPC)."""
+        ...
