@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, TextIO
 
-from millstream.exceptions import ConfigurationError, MillstreamError, UserCodeError
+from millstream.exceptions import (
+    ConfigurationError,
+    InputError,
+    MillstreamError,
+    StoreCorruptError,
+    StoreLimitError,
+    UserCodeError,
+)
 from millstream.state import Store, Transaction, decode_int64
 from millstream.state.records import check_processor_info, read_mapper_state, read_statuses
 from millstream.workers import drained_key, reduced_key, run_worker
@@ -24,6 +31,8 @@ if TYPE_CHECKING:
 
 EXIT_USER_ERROR = 3
 EXIT_CONFIG_ERROR = 4
+"""Exit codes of a worker that stopped on an error a restart cannot cure (user code; any
+other fatal error: configuration, input, store corruption or limits)."""
 
 WorkerId = tuple[str, int, int]
 """(role, index, instance): ``instance`` > 0 only for deliberate duplicates."""
@@ -62,24 +71,38 @@ class RunSummary:
         )
 
 
-def _child_main(
-    processor: Processor, role: str, index: int, errors: mp.Queue[tuple[str, int, str]]
-) -> None:
+FATAL_ERRORS: tuple[type[MillstreamError], ...] = (
+    UserCodeError,
+    ConfigurationError,
+    InputError,
+    StoreCorruptError,
+    StoreLimitError,
+)
+"""Errors a restart cannot cure: the worker reports them and the run stops."""
+
+_MAX_MESSAGE = 16_000
+"""Characters of an error message a child sends (well below a pipe's buffer)."""
+
+
+def _child_main(processor: Processor, role: str, index: int, errors: Connection) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         run_worker(processor, role, index, stop)
-    except UserCodeError as exc:
-        errors.put((role, index, f"UserCodeError: {exc}"))
+    except FATAL_ERRORS as exc:
+        # Each child has its own pipe: a worker killed while writing cannot wedge the
+        # others (a shared queue's lock would stay held by the dead writer).
+        errors.send((type(exc).__name__, str(exc)[:_MAX_MESSAGE]))
         errors.close()
-        errors.join_thread()
-        sys.exit(EXIT_USER_ERROR)
-    except ConfigurationError as exc:
-        errors.put((role, index, f"ConfigurationError: {exc}"))
-        errors.close()
-        errors.join_thread()
-        sys.exit(EXIT_CONFIG_ERROR)
+        sys.exit(EXIT_USER_ERROR if isinstance(exc, UserCodeError) else EXIT_CONFIG_ERROR)
+
+
+def _error_class(name: str) -> type[MillstreamError]:
+    for cls in FATAL_ERRORS:
+        if cls.__name__ == name:
+            return cls
+    return MillstreamError
 
 
 def prepare_store(processor: Processor, store: Store) -> None:
@@ -124,9 +147,21 @@ def summarize(processor: Processor, store: Store, restarts: int, seconds: float)
 @dataclass
 class _Slot:
     process: BaseProcess
+    errors: Connection
     started: float
     failures: int = 0
     done: bool = False
+    held: bool = False
+
+    def error(self) -> tuple[str, str] | None:
+        """The fatal error the dead worker reported, if it got to send one."""
+        try:
+            if self.errors.poll():
+                kind, message = self.errors.recv()
+                return str(kind), str(message)
+        except (EOFError, OSError, ValueError, TypeError):
+            pass  # killed mid-send, or nothing sent: a plain crash
+        return None
 
 
 @dataclass
@@ -148,21 +183,26 @@ class LocalRunner:
     restarts: int = 0
     _slots: dict[WorkerId, _Slot] = field(default_factory=dict)
     _ctx: mp.context.SpawnContext = field(default_factory=lambda: mp.get_context("spawn"))
-    _errors: mp.Queue[tuple[str, int, str]] | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
     _started_at: float = 0.0
 
-    def _spawn(self, wid: WorkerId) -> BaseProcess:
-        assert self._errors is not None
+    def _spawn(self, wid: WorkerId) -> tuple[BaseProcess, Connection]:
         role, index, instance = wid
+        reader, writer = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=_child_main,
-            args=(self.processor, role, index, self._errors),
+            args=(self.processor, role, index, writer),
             name=f"millstream-{role}-{index}" + (f"-{instance}" if instance else ""),
             daemon=True,
         )
         process.start()
-        return process
+        writer.close()
+        return process, reader
+
+    def _respawn(self, wid: WorkerId, slot: _Slot) -> None:
+        slot.errors.close()
+        slot.process, slot.errors = self._spawn(wid)
+        slot.started = time.monotonic()
 
     def start(self) -> None:
         """Check the store and start every worker."""
@@ -172,7 +212,6 @@ class LocalRunner:
         finally:
             store.close()
         os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
-        self._errors = self._ctx.Queue()
         self._started_at = time.monotonic()
         workers = [("mapper", m) for m in range(self.processor.num_mappers)] + [
             ("reducer", r) for r in range(self.processor.num_reducers)
@@ -180,30 +219,53 @@ class LocalRunner:
         for role, index in workers:
             for instance in range(self.instances.get((role, index), 1)):
                 wid = (role, index, instance)
-                self._slots[wid] = _Slot(self._spawn(wid), time.monotonic())
+                process, errors = self._spawn(wid)
+                self._slots[wid] = _Slot(process, errors, time.monotonic())
 
     def pids(self) -> dict[WorkerId, int]:
         """The live workers' process ids."""
         return {
             wid: slot.process.pid
             for wid, slot in self._slots.items()
-            if not slot.done and slot.process.pid is not None and slot.process.is_alive()
+            if not slot.done
+            and not slot.held
+            and slot.process.pid is not None
+            and slot.process.is_alive()
         }
 
-    def _check_errors(self) -> None:
-        assert self._errors is not None
-        try:
-            role, index, message = self._errors.get_nowait()
-        except queue.Empty:
-            return
-        self.stop()
-        kind, _, text = message.partition(": ")
-        error = UserCodeError if kind == "UserCodeError" else ConfigurationError
-        raise error(f"{role} {index} stopped: {text}")
+    def _slots_of(self, role: str, index: int) -> list[_Slot]:
+        slots = [s for (r, i, _), s in self._slots.items() if (r, i) == (role, index)]
+        if not slots:
+            raise ValueError(f"no worker {role} {index} in this runner (was it started?)")
+        return slots
+
+    def hold(self, role: str, index: int) -> None:
+        """Take a worker down (SIGKILL, as a crash would) and keep it down until
+        :meth:`release`: the way to show that the others keep going without it."""
+        for slot in self._slots_of(role, index):
+            slot.held = True
+            if slot.process.exitcode is None:
+                slot.process.kill()
+                slot.process.join()
+
+    def release(self, role: str, index: int) -> None:
+        """Let a held worker be started again by the next :meth:`poll`."""
+        for slot in self._slots_of(role, index):
+            slot.held = False
+            slot.failures = 0
+            slot.started = 0.0
 
     def poll(self) -> bool:
-        """Restart dead workers; returns True once every worker has finished its work."""
-        self._check_errors()
+        """Restart dead workers; returns True once every worker has finished its work.
+
+        Raises:
+            UserCodeError, ConfigurationError, InputError, StoreCorruptError,
+            StoreLimitError: A worker stopped on an error a restart cannot cure (its
+                message); every worker is stopped first.
+            MillstreamError: The runner was stopped.
+        """
+        if self._stopped.is_set():
+            raise MillstreamError("the runner was stopped; start a new one to continue")
         all_done = True
         for wid, slot in self._slots.items():
             if slot.done:
@@ -215,22 +277,27 @@ class LocalRunner:
             if code == 0:
                 slot.done = True
                 continue
-            if code in (EXIT_USER_ERROR, EXIT_CONFIG_ERROR):
-                time.sleep(0.2)
-                self._check_errors()
-                raise MillstreamError(f"{wid[0]} {wid[1]} stopped with exit code {code}")
             all_done = False
+            if slot.held:
+                continue
+            if code in (EXIT_USER_ERROR, EXIT_CONFIG_ERROR):
+                reported = slot.error()
+                self.stop()
+                if reported is None:
+                    raise MillstreamError(f"{wid[0]} {wid[1]} stopped with exit code {code}")
+                kind, text = reported
+                raise _error_class(kind)(f"{wid[0]} {wid[1]} stopped: {text}")
             delay = min(5.0, 0.05 * 2 ** min(slot.failures, 7))
             if time.monotonic() - slot.started < delay:
                 continue
             slot.failures += 1
-            self.restarts += 1
+            if slot.started > 0.0:
+                self.restarts += 1
             if self.progress:
                 print(
                     f"millstream: {wid[0]} {wid[1]} died (exit {code}); restarting", file=self.out
                 )
-            slot.process = self._spawn(wid)
-            slot.started = time.monotonic()
+            self._respawn(wid, slot)
         return all_done
 
     def wait(self, timeout: float | None = None) -> RunSummary:
@@ -244,8 +311,6 @@ class LocalRunner:
         last_report = time.monotonic()
         try:
             while not self.poll():
-                if self._stopped.is_set():
-                    raise MillstreamError("the run was stopped")
                 now = time.monotonic()
                 if deadline is not None and now > deadline:
                     raise TimeoutError(f"processor did not drain within {timeout} s")
@@ -262,7 +327,7 @@ class LocalRunner:
             summary = summarize(self.processor, store, self.restarts, seconds)
         finally:
             store.close()
-        self._close_queue()
+        self._close_pipes()
         if self.progress:
             print(f"millstream: {summary}", file=self.out)
         return summary
@@ -315,10 +380,8 @@ class LocalRunner:
             if process.exitcode is None:
                 process.kill()
                 process.join()
-        self._close_queue()
+        self._close_pipes()
 
-    def _close_queue(self) -> None:
-        if self._errors is not None:
-            self._errors.close()
-            self._errors.cancel_join_thread()
-            self._errors = None
+    def _close_pipes(self) -> None:
+        for slot in self._slots.values():
+            slot.errors.close()

@@ -1,0 +1,180 @@
+"""Mappers, reducers and helpers of the integration tests.
+
+Worker processes unpickle these classes by module path (``jobs``: pytest puts this
+directory on ``sys.path`` and spawn hands ``sys.path`` to every child). Faults are switched
+on through the processor's ``config`` so that "fixing the class" is a config change on the
+same store (the store's fingerprint records class names, not config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import millstream as ms
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from millstream.state import decode_int64
+from millstream.state.records import OUTPUT
+
+KEYS = 1_000
+POISON_KEY = -1
+"""A key no generated row has; inputs for the user-error tests carry it in one row."""
+
+
+def write_keyed_input(
+    root: Path,
+    rows: int,
+    *,
+    partitions: int = 2,
+    file_rows: int = 10_000,
+    seed: int = 3,
+    poison_row: tuple[int, int] | None = None,
+) -> Path:
+    """Parquet files of ``(key int64, value int64)`` under ``root/partition=p/``.
+
+    ``poison_row=(partition, row)`` gives that row the key :data:`POISON_KEY`.
+    """
+    rng = np.random.default_rng(seed)
+    per_partition = rows // partitions
+    for p in range(partitions):
+        part = root / f"partition={p}"
+        part.mkdir(parents=True, exist_ok=True)
+        keys = rng.integers(0, KEYS, per_partition, dtype=np.int64)
+        values = rng.integers(-1000, 1000, per_partition, dtype=np.int64)
+        if poison_row is not None and poison_row[0] == p:
+            keys[poison_row[1]] = POISON_KEY
+        for f, start in enumerate(range(0, per_partition, file_rows)):
+            stop = min(per_partition, start + file_rows)
+            table = pa.table({"key": keys[start:stop], "value": values[start:stop]})
+            pq.write_table(table, part / f"part-{f:05d}.parquet")
+    return root
+
+
+def input_table(root: Path) -> pa.Table:
+    """Every row of a ParquetLog directory, read independently of millstream."""
+    files = sorted(root.glob("*/*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def expected_sums(root: Path) -> dict[int, int]:
+    """Sum of ``value`` per ``key``, computed with pyarrow alone."""
+    sums = input_table(root).group_by("key").aggregate([("value", "sum")])
+    return dict(zip(sums["key"].to_pylist(), sums["value_sum"].to_pylist(), strict=True))
+
+
+def expected_word_counts(root: Path) -> dict[str, int]:
+    """Occurrences per word, computed with pyarrow alone (regex split, value_counts)."""
+    lines = input_table(root)["line"]
+    words = pc.list_flatten(pc.split_pattern_regex(lines, r"\s+"))
+    words = words.filter(pc.greater(pc.utf8_length(words), 0))
+    counts = pc.value_counts(words)
+    return {
+        str(item["values"]): int(item["counts"])
+        for item in counts.to_pylist()  # type: ignore[union-attr]
+    }
+
+
+def read_output(processor: ms.Processor, keyspace: str) -> dict[Any, int]:
+    """The int64 counters under ``(keyspace, key)`` written by the reducers."""
+    store = processor.open_store()
+    try:
+        txn = store.create_transaction()
+        try:
+            rows = txn.get_range_startswith((*OUTPUT, keyspace))
+        finally:
+            txn.reset()
+    finally:
+        store.close()
+    return {key[-1]: decode_int64(value) for key, value in rows}
+
+
+def _has_poison(batch: pa.RecordBatch) -> bool:
+    return bool(pc.any(pc.equal(batch.column("key"), POISON_KEY)).as_py())
+
+
+class KeyedSumMapper(ms.Mapper):
+    """Pre-aggregates ``value`` per ``key`` within the batch, routes keys by hash.
+
+    ``config["fail_map"]``: raise on a batch holding :data:`POISON_KEY`.
+    """
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        if self.config.get("fail_map") and _has_poison(batch):
+            raise ValueError(f"poisoned key {POISON_KEY} in this batch")
+        sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
+        sums = sums.rename_columns(["key", "value"])
+        return ms.Partitioned.by_hash(sums, key="key", num_reducers=self.spec.num_reducers)
+
+
+class KeyedSumReducer(ms.Reducer):
+    """Adds the partial sums to the ``("sum", key)`` counters.
+
+    ``config["fail_reduce"]``: raise on a batch holding :data:`POISON_KEY`.
+    """
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        if self.config.get("fail_reduce") and _has_poison(batch):
+            raise ValueError(f"poisoned key {POISON_KEY} reached the reducer")
+        sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
+        txn.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
+
+
+class RowsReducer(ms.Reducer):
+    """Counts each row it receives under ``("seen", key)``: duplicates or losses show."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        counts = pa.Table.from_batches([batch]).group_by("key").aggregate([([], "count_all")])
+        txn.add_many(
+            ("seen",), counts["key"].combine_chunks(), counts["count_all"].combine_chunks()
+        )
+
+
+class PassThroughMapper(ms.Mapper):
+    """Sends every row as it is (no pre-aggregation) to the reducer chosen by its key."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
+
+
+FAST = ms.Tuning(
+    batch_rows=3_000,
+    commit_interval_seconds=0.05,
+    trim_period_seconds=0.2,
+    heartbeat_seconds=0.2,
+    rpc_timeout_seconds=2.0,
+    split_brain_delay_seconds=0.1,
+)
+"""Small batches and short periods: many batches, commits and trims in a short run."""
+
+
+def tuning(**changes: Any) -> ms.Tuning:
+    """:data:`FAST` with ``changes``."""
+    return dataclasses.replace(FAST, **changes)
+
+
+def keyed_processor(
+    data: Path,
+    state: Path,
+    *,
+    num_reducers: int = 2,
+    config: dict[str, Any] | None = None,
+    tune: ms.Tuning = FAST,
+    mapper: type[ms.Mapper] = KeyedSumMapper,
+    reducer: type[ms.Reducer] = KeyedSumReducer,
+    name: str = "keyed",
+) -> ms.Processor:
+    """A processor over a ParquetLog directory with an SQLite store at ``state``."""
+    return ms.Processor(
+        mapper=mapper,
+        reducer=reducer,
+        input=ms.inputs.ParquetLog(str(data)),
+        store=f"sqlite:///{state}",
+        num_reducers=num_reducers,
+        name=name,
+        config=config or {},
+        tuning=tune,
+    )

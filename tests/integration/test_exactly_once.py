@@ -1,0 +1,98 @@
+"""Exact results end to end: word count and keyed sum, under kill -9 and split brain."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from jobs import (
+    expected_sums,
+    expected_word_counts,
+    keyed_processor,
+    read_output,
+    tuning,
+    write_keyed_input,
+)
+from millstream.runner.local import LocalRunner
+
+from examples import word_count
+
+
+def test_word_count_is_exact(tmp_path: Path) -> None:
+    processor = word_count.make_processor(tmp_path, rows=40_000, tuning=tuning(batch_rows=4_000))
+    summary = LocalRunner(processor).run(timeout=120)
+    data = word_count.generate(tmp_path, 40_000)
+    assert read_output(processor, "count") == expected_word_counts(data)
+    assert summary.rows_read == 40_000
+
+
+def test_keyed_sum_is_exact(tmp_path: Path) -> None:
+    data = write_keyed_input(tmp_path / "in", 60_000, partitions=3)
+    processor = keyed_processor(data, tmp_path / "state.db", num_reducers=3)
+    summary = LocalRunner(processor).run(timeout=120)
+    assert read_output(processor, "sum") == expected_sums(data)
+    assert summary.rows_read == 60_000
+    assert summary.restarts == 0
+
+
+@pytest.mark.slow
+def test_kill_9_random_workers_many_times(tmp_path: Path) -> None:
+    data = write_keyed_input(tmp_path / "in", 200_000, partitions=2, file_rows=20_000)
+    processor = keyed_processor(
+        data, tmp_path / "state.db", num_reducers=2, tune=tuning(batch_rows=2_000)
+    )
+    runner = LocalRunner(processor)
+    rng = random.Random(20240611)
+    kills: list[tuple[str, int, int]] = []
+    done = threading.Event()
+
+    def killer() -> None:
+        while not done.is_set() and len(kills) < 25:
+            done.wait(rng.uniform(0.05, 0.5))
+            pids = runner.pids()
+            if not pids:
+                continue
+            wid = rng.choice(sorted(pids))
+            try:
+                os.kill(pids[wid], signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            kills.append(wid)
+
+    runner.start()
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        summary = runner.wait(timeout=300)
+    finally:
+        done.set()
+        thread.join()
+    assert kills, "the killer never found a live worker"
+    assert summary.restarts > 0
+    assert read_output(processor, "sum") == expected_sums(data)
+    assert summary.rows_read == 200_000
+
+
+@pytest.mark.parametrize(
+    "duplicate", [("mapper", 0), ("reducer", 1)], ids=["mapper0x2", "reducer1x2"]
+)
+def test_split_brain_two_live_instances(tmp_path: Path, duplicate: tuple[str, int]) -> None:
+    from jobs import PassThroughMapper, RowsReducer
+
+    data = write_keyed_input(tmp_path / "in", 60_000, partitions=2)
+    processor = keyed_processor(
+        data,
+        tmp_path / "state.db",
+        mapper=PassThroughMapper,
+        reducer=RowsReducer,
+        tune=tuning(batch_rows=2_000, memory_limit_bytes=400_000),
+    )
+    LocalRunner(processor, instances={duplicate: 2}).run(timeout=180)
+    table = __import__("jobs").input_table(data)
+    counts = table.group_by("key").aggregate([([], "count_all")])
+    expected = dict(zip(counts["key"].to_pylist(), counts["count_all"].to_pylist(), strict=True))
+    assert read_output(processor, "seen") == expected
