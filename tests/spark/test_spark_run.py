@@ -1,0 +1,256 @@
+"""The keyed sum through Spark: exact results, a killed worker, a zombie, slots, cancelling.
+
+Every test drives ``examples.keyed_sum``'s mapper and reducer over a store-backed queue on
+a ``local[4,3]`` session: 2 mappers + 2 reducers fill the 4 slots, and a task is tried up
+to 3 times. Tests that act during a run keep the queue unsealed until they are done, so the
+workers are certainly running when they are killed or cancelled.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import millstream as ms
+import numpy as np
+import pyarrow as pa
+import pytest
+from examples.keyed_sum import PreAggregate, SumIntoStore
+from millstream.exceptions import ConfigurationError, MillstreamError
+from millstream.inputs.store_queue import StoreQueue
+from millstream.spark import output_table, read_output, run, write_queue
+from millstream.state.records import WorkerInfo, list_workers
+from millstream.workers import run_worker
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
+
+KEYS = 300
+NAME = "keyed_sum"
+
+
+def make_rows(rows: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table(
+        {
+            "key": rng.integers(0, KEYS, rows, dtype=np.int64),
+            "value": rng.integers(-1000, 1000, rows, dtype=np.int64),
+        }
+    )
+
+
+def expected_sums(*tables: pa.Table) -> dict[int, int]:
+    sums = pa.concat_tables(tables).group_by("key").aggregate([("value", "sum")])
+    return dict(zip(sums["key"].to_pylist(), sums["value_sum"].to_pylist(), strict=True))
+
+
+def got_sums(processor: ms.Processor) -> dict[int, int]:
+    table = output_table(processor, ("sum",))
+    return dict(zip(table["key"].to_pylist(), table["value"].to_pylist(), strict=True))
+
+
+def make_processor(tmp_path: Path, partitions: int = 2) -> tuple[ms.Processor, StoreQueue]:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    queue = StoreQueue(url, "input", partitions, prefix=(NAME,))
+    processor = ms.Processor(
+        mapper=PreAggregate,
+        reducer=SumIntoStore,
+        input=queue,
+        store=url,
+        num_reducers=2,
+        name=NAME,
+        tuning=ms.Tuning(batch_rows=2_000, commit_interval_seconds=0.1, heartbeat_seconds=0.2),
+    )
+    return processor, queue
+
+
+def workers(processor: ms.Processor, role: str) -> list[WorkerInfo]:
+    store = processor.open_store()
+    try:
+        txn = store.create_transaction()
+        try:
+            return list_workers(txn, role)
+        finally:
+            txn.reset()
+    finally:
+        store.close()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Background:
+    """``millstream.spark.run`` in a thread; ``join`` returns its summary or raises its error."""
+
+    def __init__(self, spark: Any, processor: ms.Processor, **kwargs: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self.result = run(spark, processor, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to join
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def join(self, timeout: float = 120) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the Spark run did not return"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def append_and_seal(queue: StoreQueue, table: pa.Table) -> None:
+    for p in range(queue.num_partitions):
+        queue.append(p, table.slice(p * table.num_rows // 2, table.num_rows // 2))
+        queue.close_partition(p)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:\tZ") for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def port_open(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def test_keyed_sum_is_exact(spark: Any, tmp_path: Path) -> None:
+    processor, queue = make_processor(tmp_path)
+    table = make_rows(20_000, seed=1)
+    df = spark.createDataFrame(table).repartition(3)
+    assert write_queue(df, queue, close=True) == table.num_rows
+
+    summary = run(spark, processor, timeout=120)
+
+    assert summary.rows_read == table.num_rows
+    assert summary.restarts == 0
+    assert got_sums(processor) == expected_sums(table)
+    out = read_output(spark, processor, ("sum",))
+    assert out.count() == len(expected_sums(table))
+    assert {row["key"]: row["value"] for row in out.collect()} == expected_sums(table)
+
+
+def test_write_queue_by_column(spark: Any, tmp_path: Path) -> None:
+    _, queue = make_processor(tmp_path)
+    table = make_rows(5_000, seed=2)
+    table = table.append_column("part", pa.compute.bit_wise_and(table["key"], 1))
+    df = spark.createDataFrame(table).repartition(2)
+    assert write_queue(df, queue, partition_by="part", close=True) == table.num_rows
+    for p in range(2):
+        assert queue.end_row_index(p) == pa.compute.sum(pa.compute.equal(table["part"], p)).as_py()
+        batch = queue.read(p, 0, 10_000).batch
+        assert batch is not None
+        assert set(batch.column("part").to_pylist()) == {p}
+
+
+def test_killed_worker_is_retried_and_results_stay_exact(spark: Any, tmp_path: Path) -> None:
+    processor, queue = make_processor(tmp_path)
+    first, second = make_rows(10_000, seed=3), make_rows(10_000, seed=4)
+    for p in range(2):
+        queue.append(p, first.slice(p * 5_000, 5_000))
+    background = Background(spark, processor, timeout=150)
+    victim = wait_for(
+        lambda: next(iter(w for w in workers(processor, "mapper") if w.index == 0), None),
+        60,
+        "mapper 0 to register",
+    )
+    wait_for(lambda: len(workers(processor, "reducer")) == 2, 60, "both reducers")
+    os.kill(victim.pid, signal.SIGKILL)
+    wait_for(
+        lambda: any(w.index == 0 and w.pid != victim.pid for w in workers(processor, "mapper")),
+        60,
+        "Spark to retry mapper 0",
+    )
+    append_and_seal(queue, second)
+
+    summary = background.join()
+
+    assert summary.restarts >= 1
+    assert summary.rows_read == 20_000
+    assert got_sums(processor) == expected_sums(first, second)
+
+
+def test_zombie_mapper_beside_the_spark_task_keeps_results_exact(
+    spark: Any, tmp_path: Path
+) -> None:
+    processor, queue = make_processor(tmp_path)
+    first, second = make_rows(10_000, seed=5), make_rows(10_000, seed=6)
+    for p in range(2):
+        queue.append(p, first.slice(p * 5_000, 5_000))
+    background = Background(spark, processor, timeout=150)
+    wait_for(lambda: len(workers(processor, "mapper")) == 2, 60, "both mappers")
+    zombie = mp.get_context("spawn").Process(
+        target=run_worker, args=(processor, "mapper", 0), daemon=True
+    )
+    zombie.start()
+    try:
+        wait_for(
+            lambda: sum(w.index == 0 for w in workers(processor, "mapper")) >= 2,
+            60,
+            "the second mapper 0 instance",
+        )
+        append_and_seal(queue, second)
+        summary = background.join()
+    finally:
+        zombie.join(30)
+        if zombie.exitcode is None:
+            zombie.kill()
+            zombie.join()
+    assert summary.rows_read == 20_000
+    assert got_sums(processor) == expected_sums(first, second)
+
+
+def test_too_few_slots_fails_at_once(spark: Any, tmp_path: Path) -> None:
+    processor, _ = make_processor(tmp_path, partitions=3)
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match=r"needs 5 concurrent task slots .* has 4"):
+        run(spark, processor, timeout=30)
+    assert time.monotonic() - started < 5
+    assert workers(processor, "mapper") == []
+
+
+def test_cancelling_the_job_leaves_no_worker_or_port(spark: Any, tmp_path: Path) -> None:
+    processor, queue = make_processor(tmp_path)
+    for p in range(2):
+        queue.append(p, make_rows(2_000, seed=7 + p))
+    background = Background(spark, processor, job_group="millstream-cancel-test")
+    wait_for(
+        lambda: len(workers(processor, "mapper")) == 2 and len(workers(processor, "reducer")) == 2,
+        60,
+        "every worker to register",
+    )
+    mappers, reducers = workers(processor, "mapper"), workers(processor, "reducer")
+    assert all(port_open(w.address) for w in mappers)
+
+    spark.sparkContext.cancelJobGroup("millstream-cancel-test")
+
+    with pytest.raises(MillstreamError, match="cancel"):
+        background.join(60)
+    pids = {w.pid for w in mappers + reducers}
+    wait_for(lambda: not any(pid_alive(pid) for pid in pids), 30, "worker processes to end")
+    assert not any(port_open(w.address) for w in mappers)
