@@ -1,0 +1,369 @@
+"""The worker protocol driven step by step in one process (no threads, no gRPC).
+
+Mappers and reducers are the real classes; GetRows goes through the in-process client, time
+through a manual clock, and the input is in memory. Each test steps the protocol by hand
+to reach a situation (restart, split brain, failure) and checks exactly-once on the output.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import millstream as ms
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from millstream.exceptions import SplitBrainError, StaleMapperError, UserCodeError
+from millstream.rpc.calls import RowsHandler
+from millstream.rpc.inprocess import InProcessRowsClient
+from millstream.state import Store, decode_int64, open_store
+from millstream.state.limits import StoreLimits
+from millstream.state.records import (
+    OUTPUT,
+    read_mapper_state,
+    read_reducer_state,
+    register_worker,
+)
+from millstream.workers import ManualClock, MapperWorker, ReducerWorker
+
+ROWS_PER_PARTITION = 1_000
+BATCH_ROWS = 100
+
+
+@dataclass
+class MemoryReader:
+    """One in-memory partition; the continuation token is the row offset."""
+
+    table: pa.Table
+    trims: list[int] = field(default_factory=list)
+
+    def read(self, begin_row_index: int, end_row_index_hint: int, token: bytes) -> ms.ReadResult:
+        offset = struct.unpack("<q", token)[0] if token else 0
+        assert offset == begin_row_index
+        take = min(end_row_index_hint - begin_row_index, self.table.num_rows - offset)
+        end = offset + max(take, 0)
+        batch = self.table.slice(offset, max(take, 0)).combine_chunks().to_batches()
+        return ms.ReadResult(
+            batch[0] if batch else None, struct.pack("<q", end), end >= self.table.num_rows
+        )
+
+    def trim(self, row_index: int, continuation_token: bytes) -> None:
+        self.trims.append(row_index)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class MemoryInput:
+    tables: list[pa.Table]
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.tables)
+
+    def reader(self, partition: int) -> MemoryReader:
+        return MemoryReader(self.tables[partition])
+
+
+class PassThrough(ms.Mapper):
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        if self.config.get("fail_map") and pc.any(pc.equal(batch["key"], -1)).as_py():
+            raise ValueError("poisoned row")
+        return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
+
+
+class CountRows(ms.Reducer):
+    """Counts rows per key: a lost row or a duplicate shows in the counts."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        if self.config.get("fail_reduce") and pc.any(pc.equal(batch["key"], -1)).as_py():
+            raise ValueError("poisoned row")
+        counts = pa.Table.from_batches([batch]).group_by("key").aggregate([([], "count_all")])
+        txn.add_many(("n",), counts["key"].combine_chunks(), counts["count_all"].combine_chunks())
+        if self.config.get("big_values"):
+            keys = batch["key"]
+            txn.set_many(("blob",), keys, pa.array([b"x" * 2_000] * len(keys), pa.binary()))
+
+
+def _tables(partitions: int = 2, poison: int | None = None) -> list[pa.Table]:
+    out = []
+    for p in range(partitions):
+        keys = [(i * 7 + p) % 50 for i in range(ROWS_PER_PARTITION)]
+        if poison is not None and p == 0:
+            keys[poison] = -1
+        out.append(pa.table({"key": pa.array(keys, pa.int64())}))
+    return out
+
+
+def _expected(tables: list[pa.Table]) -> dict[int, int]:
+    counts = pa.concat_tables(tables).group_by("key").aggregate([([], "count_all")])
+    return dict(zip(counts["key"].to_pylist(), counts["count_all"].to_pylist(), strict=True))
+
+
+class Cluster:
+    """Workers of one processor in this process, stepped by the test."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        tables: list[pa.Table],
+        *,
+        num_reducers: int = 2,
+        config: dict[str, object] | None = None,
+        limits: StoreLimits | None = None,
+        **tuning: object,
+    ) -> None:
+        self.tables = tables
+        self.processor = ms.Processor(
+            mapper=PassThrough,
+            reducer=CountRows,
+            input=MemoryInput(tables),
+            store=f"sqlite:///{tmp_path / 'state.db'}",
+            num_reducers=num_reducers,
+            config=config or {},
+            tuning=ms.Tuning(batch_rows=BATCH_ROWS, **tuning),  # type: ignore[arg-type]
+        )
+        self.store: Store = open_store(self.processor.store, (self.processor.name,), limits)
+        self.clock = ManualClock()
+        self.handlers: dict[str, RowsHandler] = {}
+        self.mappers: dict[int, MapperWorker] = {}
+        self.reducers: dict[int, ReducerWorker] = {}
+        for m in range(self.processor.num_mappers):
+            self.start_mapper(m)
+        for r in range(num_reducers):
+            self.start_reducer(r)
+
+    def start_mapper(self, index: int, *, register: bool = True) -> MapperWorker:
+        worker = MapperWorker(self.processor, index, self.store, clock=self.clock)
+        worker.start_ingestion()
+        address = f"mapper-{index}-{worker.guid}"
+        self.handlers[address] = worker
+        if register:
+            self.clock.advance(1.0)
+            self.store.transact(
+                lambda txn: register_worker(
+                    txn, "mapper", index, worker.guid, address, self.clock.wall()
+                )
+            )
+            self.mappers[index] = worker
+        return worker
+
+    def start_reducer(self, index: int) -> ReducerWorker:
+        client = InProcessRowsClient(self.handlers.get)
+        worker = ReducerWorker(self.processor, index, self.store, client, clock=self.clock)
+        self.reducers[index] = worker
+        return worker
+
+    def step(self) -> None:
+        """Every mapper ingests a batch, every reducer runs once, every mapper trims."""
+        for mapper in self.mappers.values():
+            if not mapper.end_of_input:
+                mapper.ingest_once()
+        for reducer in self.reducers.values():
+            reducer.run_once()
+        for mapper in self.mappers.values():
+            mapper.trim_input_rows()
+
+    def run_to_end(self, limit: int = 500) -> None:
+        for _ in range(limit):
+            self.step()
+            if all(m.is_drained() for m in self.mappers.values()):
+                return
+        raise AssertionError("the processor did not drain")
+
+    def output(self, keyspace: str = "n") -> dict[int, int]:
+        txn = self.store.create_transaction()
+        try:
+            rows = txn.get_range_startswith((*OUTPUT, keyspace))
+        finally:
+            txn.reset()
+        return {key[-1]: decode_int64(value) for key, value in rows}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, _tables())
+    yield c
+    c.store.close()
+
+
+def test_steps_reach_exact_results_and_trim_the_input(cluster: Cluster) -> None:
+    cluster.run_to_end()
+    assert cluster.output() == _expected(cluster.tables)
+    txn = cluster.store.create_transaction()
+    try:
+        for m, mapper in cluster.mappers.items():
+            state = read_mapper_state(txn, m)
+            assert state.input_unread_row_index == ROWS_PER_PARTITION
+            assert state.shuffle_unread_row_index == ROWS_PER_PARTITION
+            reader = mapper.reader
+            assert isinstance(reader, MemoryReader)
+            assert reader.trims == sorted(reader.trims)
+            assert reader.trims[-1] == ROWS_PER_PARTITION
+        for r in cluster.reducers:
+            committed = read_reducer_state(txn, r, 2).committed_row_indices
+            assert all(0 <= c < ROWS_PER_PARTITION for c in committed)
+    finally:
+        txn.reset()
+
+
+def test_input_is_trimmed_only_up_to_persisted_state(cluster: Cluster) -> None:
+    for _ in range(5):
+        for mapper in cluster.mappers.values():
+            mapper.ingest_once()
+    # A commit reaches a mapper with the reducer's next GetRows (its committed index).
+    assert cluster.reducers[0].run_once()
+    assert not cluster.reducers[0].run_once()
+    for mapper in cluster.mappers.values():
+        assert not mapper.trim_input_rows()
+        reader = mapper.reader
+        assert isinstance(reader, MemoryReader)
+        assert reader.trims == []
+    assert cluster.reducers[1].run_once()
+    assert not cluster.reducers[1].run_once()
+    for mapper in cluster.mappers.values():
+        assert mapper.trim_input_rows()
+        assert mapper.persisted.input_unread_row_index == 5 * BATCH_ROWS
+
+
+def test_stale_mapper_guid_is_rejected(cluster: Cluster) -> None:
+    mapper = cluster.mappers[0]
+    mapper.ingest_once()
+    with pytest.raises(StaleMapperError, match="refresh discovery"):
+        mapper.handle_get_rows(0, -1, 10, 1 << 20, "not-" + mapper.guid)
+    # Discovery names another instance at this mapper's address: the call is refused and
+    # nothing of mapper 0 is committed.
+    address = f"mapper-0-{mapper.guid}"
+    cluster.clock.advance(1.0)
+    cluster.store.transact(
+        lambda txn: register_worker(txn, "mapper", 0, "gone", address, cluster.clock.wall())
+    )
+    reducer = cluster.reducers[0]
+    assert not reducer.run_once()
+    assert "StaleMapperError" in reducer.last_error
+    assert reducer.last_state is not None
+    assert reducer.last_state.committed_row_indices[0] == -1
+
+
+def test_mapper_restart_replays_without_duplicates(cluster: Cluster) -> None:
+    for _ in range(3):
+        cluster.step()
+    for _ in range(2):
+        cluster.mappers[0].ingest_once()
+    cluster.reducers[0].run_once()  # reducer 0 commits rows the mapper has not persisted
+    cluster.handlers.clear()
+    cluster.start_mapper(0)  # a fresh instance (crash): re-reads from the persisted state
+    cluster.start_mapper(1)
+    cluster.run_to_end()
+    assert cluster.output() == _expected(cluster.tables)
+
+
+def test_mapper_split_brain_restarts_ingestion(cluster: Cluster) -> None:
+    first = cluster.mappers[0]
+    second = cluster.start_mapper(0)  # a second live instance of mapper 0, now in discovery
+    for _ in range(3):
+        second.ingest_once()
+        first.ingest_once()
+    for _ in range(2):  # commit, then pass the committed index to the mapper
+        for reducer in cluster.reducers.values():
+            reducer.run_once()
+    assert second.trim_input_rows()
+    with pytest.raises(SplitBrainError):
+        first.ingest_once()
+    with pytest.raises(SplitBrainError):
+        first.trim_input_rows()
+    first.start_ingestion()  # what the run loop does after the delay
+    assert first.persisted == second.persisted
+    cluster.run_to_end()
+    assert cluster.output() == _expected(cluster.tables)
+
+
+def test_reducer_split_brain_commits_once(cluster: Cluster) -> None:
+    for mapper in cluster.mappers.values():
+        mapper.ingest_once()
+    twin = ReducerWorker(
+        cluster.processor,
+        0,
+        cluster.store,
+        InProcessRowsClient(cluster.handlers.get),
+        clock=cluster.clock,
+    )
+    # Both read the same state and fetch the same rows; the second commit must fail.
+    state, _, _ = twin._read_view()
+    assert cluster.reducers[0].run_once()
+    assert not twin._reduce_and_commit(
+        state,
+        state,
+        pa.record_batch({"key": pa.array([1], pa.int64())}),
+        ["test"],
+        [b""],
+    )
+    assert twin.split_brains == 1
+    cluster.reducers[twin.index] = twin
+    cluster.run_to_end()
+    assert cluster.output() == _expected(cluster.tables)
+
+
+def test_map_error_names_the_rows_and_pushes_nothing(tmp_path: Path) -> None:
+    tables = _tables(poison=250)
+    c = Cluster(tmp_path, tables, config={"fail_map": True})
+    mapper = c.mappers[0]
+    mapper.ingest_once()
+    mapper.ingest_once()
+    with pytest.raises(UserCodeError, match=r"input rows \[200, 300\)"):
+        mapper.ingest_once()
+    window = mapper.window
+    assert window is not None
+    assert window.input_end_row_index == 200
+    c.store.close()
+
+
+def test_reduce_error_commits_nothing_and_a_fixed_reducer_is_exact(tmp_path: Path) -> None:
+    tables = _tables(poison=250)
+    c = Cluster(tmp_path, tables, config={"fail_reduce": True})
+    poisoned = pa.record_batch({"key": pa.array([-1], pa.int64())})
+    reducer = c.reducers[ms.Partitioned.by_hash(poisoned, "key", 2).reducer_indices[0].as_py()]
+    for _ in range(3):
+        for mapper in c.mappers.values():
+            mapper.ingest_once()
+    with pytest.raises(UserCodeError, match=r"mapper 0 shuffle rows \(-1, \d+\]"):
+        reducer.run_once()
+    txn = c.store.create_transaction()
+    try:
+        assert read_reducer_state(txn, reducer.index, 2).committed_row_indices == (-1, -1)
+    finally:
+        txn.reset()
+    for r in c.reducers.values():
+        r.user.config = {}  # the fix: the same store, a reducer that no longer raises
+    c.run_to_end()
+    assert c.output() == _expected(tables)
+    c.store.close()
+
+
+def test_too_large_transactions_are_split(tmp_path: Path) -> None:
+    limits = StoreLimits(max_transaction_bytes=200_000)
+    c = Cluster(tmp_path, _tables(), config={"big_values": True}, limits=limits)
+    for _ in range(4):
+        for mapper in c.mappers.values():
+            mapper.ingest_once()
+    reducer = c.reducers[0]
+    assert not reducer.run_once()  # about 400 rows x 2 kB: over the limit, fetch halves
+    assert "TransactionTooLargeError" in reducer.last_error
+    c.run_to_end()
+    assert c.output() == _expected(c.tables)
+    assert reducer.commits > 1
+    c.store.close()
+
+
+def test_metrics_describe_the_window(cluster: Cluster) -> None:
+    mapper = cluster.mappers[0]
+    mapper.ingest_once()
+    metrics = mapper.metrics()
+    assert metrics["window_rows"] == BATCH_ROWS
+    assert int(metrics["window_bytes"]) > 0
+    assert metrics["input_end_row_index"] == BATCH_ROWS
+    assert metrics["persisted_input_unread_row_index"] == 0
