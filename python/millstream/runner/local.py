@@ -24,7 +24,7 @@ from millstream.exceptions import (
 )
 from millstream.state import Store, Transaction, decode_int64
 from millstream.state.records import check_processor_info, read_mapper_state, read_statuses
-from millstream.workers import drained_key, reduced_key, run_worker
+from millstream.workers import drained_key, mapped_key, reduced_key, run_worker
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -53,6 +53,9 @@ class RunSummary:
         commits: Reducer transactions committed in total.
         restarts: Worker processes restarted after dying, in this run.
         seconds: Wall time of this run.
+        batches: Mapped batches whose effects were persisted (all runs; replays after a
+            restart count again).
+        bytes_shuffled: Arrow IPC bytes reducers fetched and committed (all runs).
     """
 
     rows_read: int
@@ -61,13 +64,18 @@ class RunSummary:
     commits: int
     restarts: int
     seconds: float
+    batches: int = 0
+    bytes_shuffled: int = 0
 
     def __str__(self) -> str:
-        rate = self.rows_read / self.seconds if self.seconds > 0 else 0.0
+        seconds = max(self.seconds, 1e-9)
         return (
-            f"drained: {self.rows_read:,} rows read, {self.rows_shuffled:,} shuffled, "
+            f"drained: {self.rows_read:,} rows read in {self.batches:,} batches, "
+            f"{self.rows_shuffled:,} shuffled ({self.bytes_shuffled / 1e6:,.1f} MB), "
             f"{self.rows_reduced:,} reduced in {self.commits:,} commits, "
-            f"{self.restarts} restarts, {self.seconds:.2f} s ({rate:,.0f} rows/s)"
+            f"{self.restarts} restarts, {self.seconds:.2f} s "
+            f"({self.rows_read / seconds:,.0f} rows/s, {self.bytes_shuffled / seconds / 1e6:,.1f} "
+            "MB/s shuffled)"
         )
 
 
@@ -126,12 +134,15 @@ def summarize(processor: Processor, store: Store, restarts: int, seconds: float)
     try:
         states = [read_mapper_state(txn, m) for m in range(processor.num_mappers)]
 
-        def counter(r: int, what: str) -> int:
-            raw = txn.get(reduced_key(r, what))
+        def counter(key: tuple[str, str, int, str]) -> int:
+            raw = txn.get(key)
             return 0 if raw is None else decode_int64(raw)
 
-        rows = sum(counter(r, "rows") for r in range(processor.num_reducers))
-        commits = sum(counter(r, "commits") for r in range(processor.num_reducers))
+        reducers = range(processor.num_reducers)
+        rows = sum(counter(reduced_key(r, "rows")) for r in reducers)
+        commits = sum(counter(reduced_key(r, "commits")) for r in reducers)
+        shuffled = sum(counter(reduced_key(r, "bytes")) for r in reducers)
+        batches = sum(counter(mapped_key(m, "batches")) for m in range(processor.num_mappers))
     finally:
         txn.reset()
     return RunSummary(
@@ -141,6 +152,8 @@ def summarize(processor: Processor, store: Store, restarts: int, seconds: float)
         commits,
         restarts,
         seconds,
+        batches,
+        shuffled,
     )
 
 
