@@ -11,6 +11,7 @@ from millstream.exceptions import MillstreamError
 from millstream.processor import Processor
 from millstream.state import open_store
 from millstream.state.records import (
+    Metric,
     freshest_workers,
     list_workers,
     read_mapper_state,
@@ -46,6 +47,11 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rate(status: dict[str, Metric], what: str) -> float:
+    uptime = float(status.get("uptime", 0) or 0)
+    return float(status.get(what, 0) or 0) / uptime if uptime > 0 else 0.0
+
+
 def _status(args: argparse.Namespace) -> int:
     store = open_store(args.store, prefix=(args.prefix,))
     txn = store.create_transaction()
@@ -58,32 +64,43 @@ def _status(args: argparse.Namespace) -> int:
         mappers = freshest_workers(list_workers(txn, "mapper"))
         reducers = freshest_workers(list_workers(txn, "reducer"))
         now = time.time()
+        stale = 10 * args.heartbeat
+        errors: list[str] = []
         print(f"processor {args.prefix}: {info.num_mappers} mappers, {info.num_reducers} reducers")
         print(
             f"{'mapper':>6} {'alive':>5} {'read':>12} {'persisted':>12} {'read lag':>10} "
-            f"{'window rows':>12} {'window MB':>10} {'rows/s':>10}"
+            f"{'window rows':>12} {'window MB':>10} {'limit MB':>9} {'rows/s':>10}"
         )
         for m in range(info.num_mappers):
             state = read_mapper_state(txn, m)
             s = statuses.get(("mapper", m), {})
-            alive = m in mappers and now - mappers[m].heartbeat < 10
-            read = int(s.get("input_end_row_index", 0))
-            rate = float(s.get("rows_read", 0)) / max(1e-9, float(s.get("uptime", 0)) or 1.0)
+            alive = m in mappers and now - mappers[m].heartbeat < stale
+            read = max(int(s.get("input_end_row_index", 0)), state.input_unread_row_index)
             print(
                 f"{m:>6} {'yes' if alive else 'no':>5} {read:>12,} "
                 f"{state.input_unread_row_index:>12,} {read - state.input_unread_row_index:>10,} "
                 f"{int(s.get('window_rows', 0)):>12,} {int(s.get('window_bytes', 0)) / 1e6:>10.1f} "
-                f"{rate:>10,.0f}"
+                f"{int(s.get('memory_limit_bytes', 0)) / 1e6:>9.0f} {_rate(s, 'rows_read'):>10,.0f}"
             )
-        print(f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12}  committed row indices")
+            if s.get("last_error"):
+                errors.append(f"mapper {m}: {s['last_error']}")
+        print(
+            f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12} {'rows/s':>10} "
+            f"{'MB/s':>7}  committed row indices"
+        )
         for r in range(info.num_reducers):
             committed = read_reducer_state(txn, r, info.num_mappers).committed_row_indices
             s = statuses.get(("reducer", r), {})
-            alive = r in reducers and now - reducers[r].heartbeat < 10
+            alive = r in reducers and now - reducers[r].heartbeat < stale
             print(
                 f"{r:>7} {'yes' if alive else 'no':>5} {int(s.get('commits', 0)):>9,} "
-                f"{int(s.get('rows_reduced', 0)):>12,}  {list(committed)}"
+                f"{int(s.get('rows_reduced', 0)):>12,} {_rate(s, 'rows_reduced'):>10,.0f} "
+                f"{_rate(s, 'bytes_fetched') / 1e6:>7.1f}  {list(committed)}"
             )
+            if s.get("last_error"):
+                errors.append(f"reducer {r}: {s['last_error']}")
+        for line in errors:
+            print(f"last error of {line}")
     finally:
         txn.reset()
         store.close()
@@ -102,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     status = sub.add_parser("status", help="show a processor's workers, lag and windows")
     status.add_argument("store", help="store URL, e.g. sqlite:///tmp/state.db")
     status.add_argument("--prefix", default="millstream", help="the processor's name")
+    status.add_argument(
+        "--heartbeat",
+        type=float,
+        default=1.0,
+        help="the processor's heartbeat period; workers silent for 10 periods show as down",
+    )
     status.set_defaults(func=_status)
     args = parser.parse_args(argv)
     try:
