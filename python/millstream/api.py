@@ -80,7 +80,7 @@ class Partitioned:
     def to_reducer(cls, batch: pa.RecordBatch | pa.Table, reducer_index: int) -> Partitioned:
         """Send every row of ``batch`` to one reducer."""
         batch = _as_batch(batch)
-        return cls(batch, pa.array([reducer_index] * batch.num_rows, type=pa.int32()))
+        return cls(batch, pa.repeat(pa.scalar(reducer_index, pa.int32()), batch.num_rows))
 
     @classmethod
     def with_indices(

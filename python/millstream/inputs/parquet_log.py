@@ -96,10 +96,12 @@ class ParquetLogReader:
         path = self._files[file_index]
         try:
             if path.suffix == ".parquet":
-                table = pq.read_table(path)
+                with pq.ParquetFile(path) as parquet:
+                    table = parquet.read()
             else:
                 with pa.memory_map(str(path)) as source:
                     table = ipc.open_file(source).read_all()
+            table = table.combine_chunks()
         except (pa.ArrowException, OSError) as exc:
             raise InputError(
                 f"cannot read input file {path}: {exc}. Replace or repair the file (it must "
@@ -139,6 +141,8 @@ class ParquetLogReader:
         end = file_index >= len(self._files)
         if not pieces:
             return ReadResult(None, token, end)
+        if len(pieces) == 1:
+            return ReadResult(pieces[0], token, end)
         batch = pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
         return ReadResult(batch, token, end)
 

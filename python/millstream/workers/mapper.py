@@ -390,5 +390,5 @@ class MapperWorker:
         log.warning("mapper %d: %s", self.index, self.last_error)
 
 
-_EMPTY = pa.record_batch([], names=[])
-_EMPTY_INDICES = pa.array([], type=pa.int32())
+_EMPTY = pa.RecordBatch.from_arrays([], names=[])
+_EMPTY_INDICES = pa.nulls(0, pa.int32())
