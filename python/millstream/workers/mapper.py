@@ -18,6 +18,7 @@ from millstream import _core
 from millstream.api import Partitioned, WorkerSpec
 from millstream.exceptions import (
     CommitUnknownResultError,
+    ConfigurationError,
     MemoryLimitError,
     MillstreamError,
     RetryableStoreError,
@@ -167,8 +168,12 @@ class MapperWorker:
             )
         try:
             window.push(mapped.batch, mapped.reducer_indices, end, result.continuation_token)
-        except MemoryLimitError:
-            raise
+        except MemoryLimitError as exc:
+            raise ConfigurationError(
+                f"mapper {self.index}: the rows mapped from input rows [{begin}, {end}) alone "
+                f"need more than tuning.memory_limit_bytes ({self.tuning.memory_limit_bytes}): "
+                f"{exc}. Lower tuning.batch_rows or raise tuning.memory_limit_bytes"
+            ) from exc
         except MillstreamError as exc:
             raise UserCodeError(
                 f"map of mapper {self.index} produced unusable rows for input rows "

@@ -16,6 +16,7 @@ import pyarrow as pa
 from millstream import _core
 from millstream.api import Transaction, WorkerSpec
 from millstream.exceptions import (
+    MillstreamError,
     RetryableStoreError,
     StoreConflictError,
     StoreUnavailableError,
@@ -154,6 +155,7 @@ class ReducerWorker:
         new = list(state.committed_row_indices)
         payloads: list[bytes] = []
         ranges: list[str] = []
+        senders: list[int] = []
         for call, result in zip(calls, results, strict=True):
             if not isinstance(result, GetRowsResult):
                 self._note_error(f"GetRows from mapper {call.mapper_index}", result)
@@ -162,13 +164,14 @@ class ReducerWorker:
                 continue
             new[call.mapper_index] = result.last_shuffle_row_index
             payloads.append(result.arrow_ipc)
+            senders.append(call.mapper_index)
             ranges.append(
                 f"mapper {call.mapper_index} shuffle rows "
                 f"({call.committed_row_index}, {result.last_shuffle_row_index}]"
             )
         if not payloads:
             return False
-        batch = _core.decode_ipc(payloads)
+        batch = self._decode(payloads, senders)
         try:
             committed = self._reduce_and_commit(
                 state, ReducerState(tuple(new)), batch, ranges, payloads
@@ -186,6 +189,36 @@ class ReducerWorker:
         if committed and self._fetch_scale < 1.0:
             self._fetch_scale = min(1.0, self._fetch_scale * 1.25)
         return committed
+
+    def _decode(self, payloads: list[bytes], senders: list[int]) -> pa.RecordBatch:
+        """One batch from every mapper's rows; differing schemas are unified if they can be.
+
+        Raises:
+            UserCodeError: The mappers' schemas cannot be unified (say which and how).
+        """
+        try:
+            return _core.decode_ipc(payloads)
+        except MillstreamError:
+            if len(payloads) < 2:
+                raise
+        parts = [_core.decode_ipc([payload]) for payload in payloads]
+        try:
+            table = pa.concat_tables(
+                [pa.Table.from_batches([part]) for part in parts], promote_options="permissive"
+            )
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            described = "; ".join(
+                f"mapper {m}: {part.schema.to_string(show_schema_metadata=False)}".replace(
+                    "\n", ", "
+                )
+                for m, part in zip(senders, parts, strict=True)
+            )
+            raise UserCodeError(
+                f"reducer {self.index} received rows with incompatible schemas ({exc}): "
+                f"{described}. Every mapper's map must return columns of compatible types "
+                "(the same names; types that widen to one, such as int64 and float64)"
+            ) from exc
+        return table.combine_chunks().to_batches()[0]
 
     def _reduce_and_commit(
         self,

@@ -16,7 +16,12 @@ import millstream as ms
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from millstream.exceptions import SplitBrainError, StaleMapperError, UserCodeError
+from millstream.exceptions import (
+    ConfigurationError,
+    SplitBrainError,
+    StaleMapperError,
+    UserCodeError,
+)
 from millstream.rpc.calls import RowsHandler
 from millstream.rpc.inprocess import InProcessRowsClient
 from millstream.state import Store, decode_int64, open_store
@@ -76,6 +81,16 @@ class PassThrough(ms.Mapper):
         return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
 
 
+class WideningMapper(ms.Mapper):
+    """Adds a column whose type depends on the mapper: int64, or ``config["other"]``."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        kind = pa.int64() if self.spec.index == 0 else self.config["other"]
+        column = pc.cast(batch["key"], kind)
+        wide = pa.RecordBatch.from_arrays([batch["key"], column], names=["key", "w"])
+        return ms.Partitioned.by_hash(wide, key="key", num_reducers=self.spec.num_reducers)
+
+
 class CountRows(ms.Reducer):
     """Counts rows per key: a lost row or a duplicate shows in the counts."""
 
@@ -115,11 +130,12 @@ class Cluster:
         num_reducers: int = 2,
         config: dict[str, object] | None = None,
         limits: StoreLimits | None = None,
+        mapper: type[ms.Mapper] = PassThrough,
         **tuning: object,
     ) -> None:
         self.tables = tables
         self.processor = ms.Processor(
-            mapper=PassThrough,
+            mapper=mapper,
             reducer=CountRows,
             input=MemoryInput(tables),
             store=f"sqlite:///{tmp_path / 'state.db'}",
@@ -367,3 +383,31 @@ def test_metrics_describe_the_window(cluster: Cluster) -> None:
     assert int(metrics["window_bytes"]) > 0
     assert metrics["input_end_row_index"] == BATCH_ROWS
     assert metrics["persisted_input_unread_row_index"] == 0
+
+
+def test_compatible_mapper_schemas_are_unified(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, _tables(), mapper=WideningMapper, config={"other": pa.float64()})
+    for mapper in c.mappers.values():
+        mapper.ingest_once()
+    assert c.reducers[0].run_once()
+    c.run_to_end()
+    assert c.output() == _expected(c.tables)
+    c.store.close()
+
+
+def test_incompatible_mapper_schemas_name_the_mappers(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, _tables(), mapper=WideningMapper, config={"other": pa.string()})
+    for mapper in c.mappers.values():
+        mapper.ingest_once()
+    with pytest.raises(UserCodeError, match="incompatible schemas") as caught:
+        c.reducers[0].run_once()
+    assert "mapper 0: key: int64, w: int64" in str(caught.value)
+    assert "mapper 1: key: int64, w: string" in str(caught.value)
+    c.store.close()
+
+
+def test_a_batch_over_the_memory_limit_is_a_configuration_error(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, _tables(), memory_limit_bytes=100)
+    with pytest.raises(ConfigurationError, match=r"Lower tuning.batch_rows"):
+        c.mappers[0].ingest_once()
+    c.store.close()
