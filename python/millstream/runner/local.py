@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import cProfile
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 from millstream.exceptions import (
     ConfigurationError,
@@ -97,13 +99,36 @@ def _child_main(processor: Processor, role: str, index: int, errors: Connection)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        run_worker(processor, role, index, stop)
+        profile_dir = os.environ.get("MILLSTREAM_PROFILE_DIR")
+        if profile_dir:
+            _profiled(profile_dir, f"{role}-{index}-{os.getpid()}.prof")(
+                processor, role, index, stop
+            )
+        else:
+            run_worker(processor, role, index, stop)
     except FATAL_ERRORS as exc:
         # Each child has its own pipe: a worker killed while writing cannot wedge the
         # others (a shared queue's lock would stay held by the dead writer).
         errors.send((type(exc).__name__, str(exc)[:_MAX_MESSAGE]))
         errors.close()
         sys.exit(EXIT_USER_ERROR if isinstance(exc, UserCodeError) else EXIT_CONFIG_ERROR)
+
+
+def _profiled(directory: str, name: str) -> Callable[..., None]:
+    """``run_worker`` under cProfile (main thread), stats written to ``directory/name``.
+
+    Set ``MILLSTREAM_PROFILE_DIR`` to profile every worker of a local run.
+    """
+
+    def run(*args: Any) -> None:
+        profile = cProfile.Profile()
+        try:
+            profile.runcall(run_worker, *args)
+        finally:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            profile.dump_stats(str(Path(directory) / name))
+
+    return run
 
 
 def _error_class(name: str) -> type[MillstreamError]:
