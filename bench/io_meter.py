@@ -29,8 +29,9 @@ kernel on behalf of ``mmap``-ed files are not charged to the process. Reading an
 
 Memory: the peak over samples of the tree's summed resident set (``VmRSS``; shared pages of
 forked workers are counted once per process, so this over-counts) and of the summed
-proportional set (``Pss`` from ``smaps_rollup``, which splits shared pages), and the largest
-``VmHWM`` (a process's own exact peak) seen.
+proportional set (``Pss`` from ``smaps_rollup``, which splits shared pages; read every few
+samples only), and the largest ``VmHWM`` (a process's own exact peak) seen. Sampling costs
+CPU (a ``/proc`` listing per sample), taken from the measured system on a small machine.
 """
 
 from __future__ import annotations
@@ -167,13 +168,15 @@ class ProcessTreeMeter:
     Args:
         roots: Pids whose trees are measured (e.g. ``[os.getpid()]`` or a child's pid).
         interval: Seconds between samples.
-        pss: Also read ``smaps_rollup`` for the proportional set size (costs more).
+        pss_every: Read ``smaps_rollup`` (proportional set size) every this many samples;
+            0 never. The kernel walks the page tables of every mapping to produce it, which
+            costs milliseconds of system time for a JVM with a large heap, so not every time.
     """
 
-    def __init__(self, roots: Iterable[int], interval: float = 0.2, *, pss: bool = True) -> None:
+    def __init__(self, roots: Iterable[int], interval: float = 0.2, *, pss_every: int = 10) -> None:
         self._roots = set(roots)
         self._interval = interval
-        self._pss = pss
+        self._pss_every = pss_every
         self._tracked: dict[tuple[int, int], ProcessIO] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -247,6 +250,7 @@ class ProcessTreeMeter:
             if p.alive and ident not in live_ids:
                 p.alive = False
         rss = pss = 0
+        read_pss = self._pss_every > 0 and self._samples % self._pss_every == 0
         for pid in tracked_pids:
             st = stats.get(pid)
             if st is None:
@@ -271,14 +275,15 @@ class ProcessTreeMeter:
             (proc.write_bytes, proc.cancelled_write_bytes, proc.wchar, proc.read_bytes) = counters
             proc.rss_bytes = status.get("VmRSS", 0)
             proc.hwm_bytes = max(proc.hwm_bytes, status.get("VmHWM", 0))
-            if self._pss:
+            if read_pss:
                 proc.pss_bytes = _read_kv(f"/proc/{pid}/smaps_rollup").get("Pss", 0)
             if not proc.cmdline:
                 proc.cmdline = _cmdline(pid)
             rss += proc.rss_bytes
             pss += proc.pss_bytes
         self._peak_rss = max(self._peak_rss, rss)
-        self._peak_pss = max(self._peak_pss, pss)
+        if read_pss:
+            self._peak_pss = max(self._peak_pss, pss)
         self._samples += 1
         self._first = False
 
