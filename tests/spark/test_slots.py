@@ -43,12 +43,12 @@ class _FakeContext:
     def __init__(self, conf: dict[str, str]) -> None:
         self._conf = conf
 
-    def getConf(self) -> Any:  # noqa: N802 - mirrors SparkContext
+    def getConf(self) -> Any:
         return self._conf
 
 
 def test_speculation_refused_unless_allowed() -> None:
-    with pytest.raises(ConfigurationError, match="spark.speculation"):
+    with pytest.raises(ConfigurationError, match=r"spark\.speculation"):
         _check_speculation(_FakeContext({"spark.speculation": "true"}), allow=False)
     _check_speculation(_FakeContext({"spark.speculation": "true"}), allow=True)
     _check_speculation(_FakeContext({}), allow=False)

@@ -22,12 +22,13 @@ import millstream as ms
 import numpy as np
 import pyarrow as pa
 import pytest
-from examples.keyed_sum import PreAggregate, SumIntoStore
 from millstream.exceptions import ConfigurationError, MillstreamError
 from millstream.inputs.store_queue import StoreQueue
 from millstream.spark import output_table, read_output, run, write_queue
 from millstream.state.records import WorkerInfo, list_workers
 from millstream.workers import run_worker
+
+from examples.keyed_sum import PreAggregate, SumIntoStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 
@@ -102,7 +103,7 @@ class Background:
         def target() -> None:
             try:
                 self.result = run(spark, processor, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to join
+            except BaseException as exc:
                 self.error = exc
 
         self.thread = threading.Thread(target=target, daemon=True)

@@ -17,6 +17,7 @@ cleanly). Every thread and the gRPC server live in that process, so nothing outl
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -84,8 +85,11 @@ def _task(processor: Processor) -> Callable[[int, Iterable[Any]], Iterator[TaskR
     return run_partition
 
 
-def _translate(exc: BaseException) -> BaseException:
-    """A millstream error for a failed job when a worker raised one, else ``exc``."""
+_SPARK_ERROR = re.compile(r"(?:SparkException|PythonException|Exception): (.+)")
+
+
+def _translate(exc: BaseException, group: str) -> BaseException:
+    """A millstream error for a failed job when a worker raised one, else a summary of it."""
     text = str(exc)
     for kind, error in (("UserCodeError", UserCodeError), ("ConfigurationError", None)):
         marker = f"millstream.exceptions.{kind}: "
@@ -93,12 +97,12 @@ def _translate(exc: BaseException) -> BaseException:
         if at < 0:
             continue
         message = text[at + len(marker) :].split("\n", 1)[0].strip()
-        if error is UserCodeError:
-            return UserCodeError(message)
-        return ConfigurationError(message)
-    return MillstreamError(
-        f"the millstream Spark job failed: {text.splitlines()[0] if text else exc!r}"
-    )
+        return UserCodeError(message) if error is UserCodeError else ConfigurationError(message)
+    if re.search(r"cancelled (?:part of cancelled job group|because SparkContext)", text):
+        return MillstreamError(f"the millstream Spark job (group {group!r}) was cancelled")
+    found = _SPARK_ERROR.search(text)
+    cause = found.group(1).strip() if found else (text.splitlines() or [repr(exc)])[0]
+    return MillstreamError(f"the millstream Spark job (group {group!r}) failed: {cause}")
 
 
 def run(
@@ -168,7 +172,7 @@ def run(
         except Exception as exc:
             if timed_out.is_set():
                 raise TimeoutError(f"processor did not drain within {timeout} s") from exc
-            raise _translate(exc) from exc
+            raise _translate(exc, group) from exc
     finally:
         if timer is not None:
             timer.cancel()
