@@ -5,6 +5,7 @@ from __future__ import annotations
 import cProfile
 import multiprocessing as mp
 import os
+import pstats
 import signal
 import sys
 import threading
@@ -115,18 +116,30 @@ def _child_main(processor: Processor, role: str, index: int, errors: Connection)
 
 
 def _profiled(directory: str, name: str) -> Callable[..., None]:
-    """``run_worker`` under cProfile (main thread), stats written to ``directory/name``.
+    """``run_worker`` under cProfile in every thread, merged stats in ``directory/name``.
 
     Set ``MILLSTREAM_PROFILE_DIR`` to profile every worker of a local run.
     """
 
     def run(*args: Any) -> None:
-        profile = cProfile.Profile()
+        profiles = [cProfile.Profile()]
+
+        def in_new_thread(*_: Any) -> None:
+            sys.setprofile(None)
+            profile = cProfile.Profile()
+            profiles.append(profile)
+            profile.enable()
+
+        threading.setprofile(in_new_thread)
         try:
-            profile.runcall(run_worker, *args)
+            profiles[0].runcall(run_worker, *args)
         finally:
+            threading.setprofile(None)
+            stats = pstats.Stats(profiles[0])
+            for profile in profiles[1:]:
+                stats.add(profile)
             Path(directory).mkdir(parents=True, exist_ok=True)
-            profile.dump_stats(str(Path(directory) / name))
+            stats.dump_stats(str(Path(directory) / name))
 
     return run
 
