@@ -120,7 +120,8 @@ class KeyedSumReducer(ms.Reducer):
         if self.config.get("fail_reduce") and _has_poison(batch):
             raise ValueError(f"poisoned key {POISON_KEY} reached the reducer")
         sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
-        txn.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
+        values = pc.cast(sums["value_sum"].combine_chunks(), pa.int64())
+        txn.add_many(("sum",), sums["key"].combine_chunks(), values)
 
 
 class RowsReducer(ms.Reducer):

@@ -12,6 +12,7 @@ import pytest
 from jobs import (
     KeyedSumMapper,
     KeyedSumReducer,
+    PassThroughMapper,
     expected_sums,
     keyed_processor,
     read_output,
@@ -168,3 +169,27 @@ def test_missing_input_directory(tmp_path: Path) -> None:
             store=f"sqlite:///{tmp_path / 's.db'}",
             num_reducers=1,
         )
+
+
+def test_mappers_with_different_schemas(tmp_path: Path) -> None:
+    """Partition 1 has float values, partition 0 int ones: the reducer gets both at once."""
+    data = write_keyed_input(tmp_path / "in", ROWS)
+    for f in sorted((data / "partition=1").glob("*.parquet")):
+        table = pq.read_table(f)
+        pq.write_table(table.set_column(1, "value", table["value"].cast(pa.float64())), f)
+    processor = keyed_processor(data, tmp_path / "state.db", mapper=PassThroughMapper)
+    LocalRunner(processor).run(timeout=120)
+    sums = read_output(processor, "sum")
+    assert sums == {k: int(v) for k, v in expected_sums(data).items()}
+
+
+def test_mappers_with_incompatible_schemas(tmp_path: Path) -> None:
+    data = write_keyed_input(tmp_path / "in", ROWS)
+    for f in sorted((data / "partition=1").glob("*.parquet")):
+        table = pq.read_table(f)
+        pq.write_table(table.set_column(1, "value", table["value"].cast(pa.string())), f)
+    processor = keyed_processor(data, tmp_path / "state.db", mapper=PassThroughMapper)
+    message = _fails(processor, UserCodeError)
+    assert "schemas" in message
+    assert "mapper 0" in message
+    assert "mapper 1" in message
