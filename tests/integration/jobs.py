@@ -57,7 +57,7 @@ def write_keyed_input(
 def input_table(root: Path) -> pa.Table:
     """Every row of a ParquetLog directory, read independently of millstream."""
     files = sorted(root.glob("*/*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files])
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
 
 
 def expected_sums(root: Path) -> dict[int, int]:
