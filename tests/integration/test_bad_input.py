@@ -190,6 +190,10 @@ def test_mappers_with_incompatible_schemas(tmp_path: Path) -> None:
         pq.write_table(table.set_column(1, "value", table["value"].cast(pa.string())), f)
     processor = keyed_processor(data, tmp_path / "state.db", mapper=PassThroughMapper)
     message = _fails(processor, UserCodeError)
-    assert "schemas" in message
-    assert "mapper 0" in message
+    # Either both mappers' rows meet in one fetch (the schemas cannot be unified) or
+    # mapper 1's string rows arrive alone and reduce fails on them: both name mapper 1.
     assert "mapper 1" in message
+    if "incompatible schemas" in message:
+        assert "mapper 0" in message
+    else:
+        assert "reduce of reducer" in message
