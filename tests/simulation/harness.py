@@ -37,6 +37,7 @@ from typing import Any
 import millstream as ms
 import pyarrow as pa
 from millstream.exceptions import (
+    CommittedIndexError,
     CommitUnknownResultError,
     InputError,
     MillstreamError,
@@ -348,7 +349,7 @@ class SimNetwork:
                 result = self.serve(call)
                 if fault == "duplicate":
                     result = self.serve(call)
-            except (ConnectionError, StaleMapperError) as exc:
+            except (ConnectionError, StaleMapperError, CommittedIndexError) as exc:
                 results[i] = exc
                 continue
             if fault != "drop_response":
@@ -376,7 +377,7 @@ class SimNetwork:
         call = self.late.popleft()
         if call.mapper_index in self.unreachable:
             return
-        with contextlib.suppress(ConnectionError, StaleMapperError):
+        with contextlib.suppress(ConnectionError, StaleMapperError, CommittedIndexError):
             self.serve(call)
 
     def close(self) -> None:

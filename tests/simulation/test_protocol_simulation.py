@@ -24,7 +24,7 @@ from tests.simulation.harness import COMMIT_FAULTS, NET_FAULTS, Simulation
 
 settings.register_profile(
     "ci",
-    max_examples=60,
+    max_examples=200,
     stateful_step_count=40,
     deadline=None,
     derandomize=True,
