@@ -97,6 +97,7 @@ class ReducerWorker:
         self.last_error = ""
         self.started_at = clock.now()
         self._fetch_scale = 1.0
+        self.capped = False
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
         """Steps 2-3: the persisted state, live mappers, and mappers already drained."""
@@ -152,6 +153,11 @@ class ReducerWorker:
         if not calls:
             return False
         results = self.rows_client.get_rows_many(calls)
+        self.capped = any(
+            isinstance(result, GetRowsResult)
+            and (result.row_count >= call.max_rows or len(result.arrow_ipc) >= call.max_bytes // 2)
+            for call, result in zip(calls, results, strict=True)
+        )
         new = list(state.committed_row_indices)
         payloads: list[bytes] = []
         ranges: list[str] = []
@@ -288,14 +294,17 @@ class ReducerWorker:
         """Reduce until every mapper is drained or ``stop`` is set: the thin loop.
 
         Waits ``commit_interval_seconds`` between commits (rows accumulate meanwhile and
-        go into one transaction), and backs off after errors (thesis 4.4.2 step 1).
+        go into one transaction) unless the last fetch hit its row or byte cap; polls an
+        idle processor less and less often, up to once per commit interval; and backs off
+        after errors (thesis 4.4.2 step 1).
         """
         t = self.tuning
         backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
+        idle = Backoff(t.idle_seconds, max(t.idle_seconds, t.commit_interval_seconds))
         last_commit = self.clock.now() - t.commit_interval_seconds
         while not stop.is_set():
             wait = t.commit_interval_seconds - (self.clock.now() - last_commit)
-            if wait > 0:
+            if wait > 0 and not self.capped:
                 self.clock.sleep(wait, stop)
             try:
                 committed = self.run_once()
@@ -313,6 +322,7 @@ class ReducerWorker:
                 return
             if committed:
                 backoff.reset()
+                idle.reset()
                 last_commit = self.clock.now()
             else:
-                self.clock.sleep(t.idle_seconds, stop)
+                self.clock.sleep(idle.next(), stop)

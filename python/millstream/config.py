@@ -1,0 +1,65 @@
+"""Configuration of the workers: the knobs of the algorithm (thesis 4.5).
+
+The user's own configuration is a plain mapping passed to the processor (``config=``) and
+handed to every mapper and reducer as ``self.config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Knobs of the workers. The defaults suit the embedded store on one machine.
+
+    Attributes:
+        batch_rows: Rows a mapper reads per batch (tens of thousands keep per-batch
+            overhead small).
+        memory_limit_bytes: Buffered bytes in a mapper's window above which it stops
+            reading until reducers commit.
+        commit_interval_seconds: Minimum time between a reducer's commits. Rows keep
+            accumulating in the mappers' windows meanwhile and are fetched and committed in
+            one transaction: a longer interval writes less per row (every commit rewrites
+            the touched keys and syncs the log), a shorter one lowers latency.
+        commit_max_rows: Rows one reducer transaction takes, split across the mappers.
+        commit_max_bytes: Arrow bytes one reducer transaction takes, split across the
+            mappers. If the user's writes still exceed the store's transaction limit, the
+            reducer halves its fetch and retries.
+        get_rows_max_bytes: Payload bytes of one GetRows response (below the gRPC limit).
+        trim_period_seconds: How often a mapper persists its state and trims its input.
+        idle_seconds: Wait after a loop iteration that found nothing to do.
+        backoff_seconds: First wait after an error (store unreachable, conflict, mapper
+            down); doubled on every further error up to ``backoff_max_seconds``.
+        backoff_max_seconds: Longest wait between retries.
+        heartbeat_seconds: How often workers refresh discovery and publish their status.
+        rpc_timeout_seconds: Deadline of one GetRows call.
+        split_brain_delay_seconds: Wait before a mapper restarts ingestion after it saw
+            another instance write its state.
+        grpc_max_message_bytes: gRPC send/receive limit on both sides.
+        advertise_host: Host name mappers publish in discovery (default: loopback).
+        on_user_error: ``"stop"``: a ``map`` or ``reduce`` that raises stops the worker
+            (and a local run) with the row range in the error; ``"retry"``: the worker logs
+            it, backs off and retries the same rows.
+    """
+
+    batch_rows: int = 65_536
+    memory_limit_bytes: int = 256 * 1024 * 1024
+    commit_interval_seconds: float = 0.2
+    commit_max_rows: int = 4_000_000
+    commit_max_bytes: int = 64 * 1024 * 1024
+    get_rows_max_bytes: int = 32 * 1024 * 1024
+    trim_period_seconds: float = 1.0
+    idle_seconds: float = 0.01
+    backoff_seconds: float = 0.05
+    backoff_max_seconds: float = 2.0
+    heartbeat_seconds: float = 1.0
+    rpc_timeout_seconds: float = 10.0
+    split_brain_delay_seconds: float = 0.5
+    grpc_max_message_bytes: int = 64 * 1024 * 1024
+    advertise_host: str = "127.0.0.1"
+    on_user_error: Literal["stop", "retry"] = "stop"
+
+
+__all__ = ["Tuning"]
