@@ -5,8 +5,9 @@ machine (``/proc/<pid>/stat``), and adds to the tracked set any process whose pa
 tracked; the roots are given. For each tracked process it reads ``/proc/<pid>/io`` and
 ``/proc/<pid>/status`` and keeps the *last* reading, so a process that exits still counts
 with what it had written at the last sample. Processes are identified by ``(pid, start
-time)``, so a recycled pid is not mistaken for an old process. A process keeps being tracked
-after its parent exits (re-parented to init), until it exits itself.
+time)``, so a recycled pid is not mistaken for an old process; a process that ``exec``-s
+(a launcher script becoming a JVM) keeps its identity and takes its latest name. A process
+keeps being tracked after its parent exits (re-parented to init), until it exits itself.
 
 Counters (see ``Documentation/filesystems/proc.rst``, "/proc/<pid>/io"):
 
@@ -277,8 +278,9 @@ class ProcessTreeMeter:
             proc.hwm_bytes = max(proc.hwm_bytes, status.get("VmHWM", 0))
             if read_pss:
                 proc.pss_bytes = _read_kv(f"/proc/{pid}/smaps_rollup").get("Pss", 0)
-            if not proc.cmdline:
-                proc.cmdline = _cmdline(pid)
+            if proc.name != st[2] or not proc.cmdline:
+                # exec keeps the pid: a launcher script that becomes a JVM is named by its end.
+                proc.name, proc.cmdline = st[2], _cmdline(pid)
             rss += proc.rss_bytes
             pss += proc.pss_bytes
         self._peak_rss = max(self._peak_rss, rss)

@@ -307,9 +307,9 @@ def _classify(driver_pid: int) -> Callable[[ProcessIO], str]:
     def classify(p: ProcessIO) -> str:
         if p.pid == driver_pid:
             return "driver"
-        if p.name == "java" or "java" in p.cmdline.split(" ")[0]:
+        if p.name == "java":
             return "jvm"
-        if "pyspark" in p.cmdline or "python" in p.name:
+        if p.name.startswith("python"):
             return "python_workers"
         return "other"
 
@@ -419,6 +419,7 @@ def measure(
         "checkpoint_files": dir_bytes["checkpoint"],
         "checkpoint_state_files": state_bytes,
         "shuffle_files": dir_bytes["spark_local"],
+        "tmp_files": dir_bytes["tmp"],
         "wchar": report.wchar,
         "wait4_oublock": report.wait4_oublock_bytes or 0,
         "sink_db_size": sum(f.stat().st_size for f in (run_dir / "sink").iterdir() if f.is_file()),
@@ -451,6 +452,11 @@ def measure(
             "query_started_s": child["query_started"] - launch,
             "stopped_s": child["stopped"] - launch,
             "processes": {k: v["processes"] for k, v in groups.items()},
+            "process_writes": [
+                {"name": p.name, "cmd": p.cmdline[:100], "write_bytes": p.written}
+                for p in report.processes
+                if p.written
+            ],
             "state_operators_last": child["batches"][-1]["state"] if child["batches"] else [],
         },
         load=[load_before, loadavg()],
