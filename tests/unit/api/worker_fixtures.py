@@ -1,0 +1,113 @@
+"""In-memory input, mappers and reducers shared by the worker tests."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import millstream as ms
+import pyarrow as pa
+import pyarrow.compute as pc
+
+ROWS_PER_PARTITION = 1_000
+BATCH_ROWS = 100
+
+
+@dataclass
+class MemoryReader:
+    """One in-memory partition; the continuation token is the row offset."""
+
+    table: pa.Table
+    trims: list[int] = field(default_factory=list)
+    bounded: bool = True
+
+    def read(self, begin_row_index: int, end_row_index_hint: int, token: bytes) -> ms.ReadResult:
+        offset = struct.unpack("<q", token)[0] if token else 0
+        assert offset == begin_row_index
+        take = min(end_row_index_hint - begin_row_index, self.table.num_rows - offset)
+        end = offset + max(take, 0)
+        batch = self.table.slice(offset, max(take, 0)).combine_chunks().to_batches()
+        done = self.bounded and end >= self.table.num_rows
+        return ms.ReadResult(batch[0] if batch else None, struct.pack("<q", end), done)
+
+    def trim(self, row_index: int, continuation_token: bytes) -> None:
+        self.trims.append(row_index)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class MemoryInput:
+    """Partitions held in memory; ``bounded=False`` never reports the end of input."""
+
+    tables: list[pa.Table]
+    bounded: bool = True
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.tables)
+
+    def reader(self, partition: int) -> MemoryReader:
+        return MemoryReader(self.tables[partition], bounded=self.bounded)
+
+
+class PassThrough(ms.Mapper):
+    """Routes each row by its key.
+
+    ``config["fail_map"]``: raise on a batch holding key -1; ``config["flaky"]``: raise on
+    the first that many calls of this instance.
+    """
+
+    calls = 0
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        self.calls += 1
+        if self.calls <= int(self.config.get("flaky", 0)):
+            raise RuntimeError(f"flaky map, call {self.calls}")
+        if self.config.get("fail_map") and pc.any(pc.equal(batch["key"], -1)).as_py():
+            raise ValueError("poisoned row")
+        return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
+
+
+class WideningMapper(ms.Mapper):
+    """Adds a column whose type depends on the mapper: int64, or ``config["other"]``."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        kind = pa.int64() if self.spec.index == 0 else self.config["other"]
+        column = pc.cast(batch["key"], kind)
+        wide = pa.RecordBatch.from_arrays([batch["key"], column], names=["key", "w"])
+        return ms.Partitioned.by_hash(wide, key="key", num_reducers=self.spec.num_reducers)
+
+
+class CountRows(ms.Reducer):
+    """Counts rows per key: a lost row or a duplicate shows in the counts."""
+
+    calls = 0
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        self.calls += 1
+        if self.calls <= int(self.config.get("flaky", 0)):
+            raise RuntimeError(f"flaky reduce, call {self.calls}")
+        if self.config.get("fail_reduce") and pc.any(pc.equal(batch["key"], -1)).as_py():
+            raise ValueError("poisoned row")
+        counts = pa.Table.from_batches([batch]).group_by("key").aggregate([([], "count_all")])
+        txn.add_many(("n",), counts["key"].combine_chunks(), counts["count_all"].combine_chunks())
+        if self.config.get("big_values"):
+            keys = batch["key"]
+            txn.set_many(("blob",), keys, pa.array([b"x" * 2_000] * len(keys), pa.binary()))
+
+
+def tables(partitions: int = 2, poison: int | None = None) -> list[pa.Table]:
+    out = []
+    for p in range(partitions):
+        keys = [(i * 7 + p) % 50 for i in range(ROWS_PER_PARTITION)]
+        if poison is not None and p == 0:
+            keys[poison] = -1
+        out.append(pa.table({"key": pa.array(keys, pa.int64())}))
+    return out
+
+
+def expected_counts(tables: list[pa.Table]) -> dict[int, int]:
+    counts = pa.concat_tables(tables).group_by("key").aggregate([([], "count_all")])
+    return dict(zip(counts["key"].to_pylist(), counts["count_all"].to_pylist(), strict=True))
