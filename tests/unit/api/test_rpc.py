@@ -1,0 +1,131 @@
+"""GetRows over real gRPC on loopback: fields, caps, stale GUIDs, unreachable mappers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+from millstream import _core
+from millstream.exceptions import StaleMapperError
+from millstream.rpc import millstream_pb2, millstream_pb2_grpc
+from millstream.rpc.calls import GetRowsCall, GetRowsResult
+from millstream.rpc.client import GrpcRowsClient
+from millstream.rpc.server import RowsServer
+
+ROOT = Path(__file__).resolve().parents[3]
+GUID = "mapper-guid"
+MAX_RESPONSE = 4_096
+
+
+class WindowHandler:
+    """Serves GetRows from a real window, like the mapper worker does."""
+
+    def __init__(self) -> None:
+        self.window = _core.Window(2, 1 << 24)
+        batch = pa.record_batch({"x": pa.array(range(1_000), pa.int64())})
+        self.window.push(batch, pa.array([i % 2 for i in range(1_000)], pa.int32()), 1_000, b"t")
+        self.calls: list[tuple[int, int, int, int]] = []
+
+    def handle_get_rows(
+        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+    ) -> tuple[int, int, bytes]:
+        if mapper_id != GUID:
+            raise StaleMapperError(f"stale {mapper_id}")
+        self.calls.append((reducer_index, committed, max_rows, max_bytes))
+        return self.window.get_rows(reducer_index, committed, max_rows, max_bytes)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[WindowHandler, str]]:
+    handler = WindowHandler()
+    server = RowsServer(handler, "127.0.0.1:0", 1 << 20, MAX_RESPONSE)
+    yield handler, f"127.0.0.1:{server.port}"
+    server.stop(0)
+
+
+def _call(address: str, **changes: object) -> GetRowsCall:
+    fields: dict[str, object] = {
+        "mapper_index": 0,
+        "address": address,
+        "mapper_guid": GUID,
+        "reducer_index": 1,
+        "committed_row_index": -1,
+        "max_rows": 10,
+        "max_bytes": 1 << 20,
+    }
+    fields.update(changes)
+    return GetRowsCall(**fields)  # type: ignore[arg-type]
+
+
+def test_rows_travel_as_arrow_ipc(served: tuple[WindowHandler, str]) -> None:
+    handler, address = served
+    client = GrpcRowsClient(5.0, 1 << 20)
+    try:
+        (result,) = client.get_rows_many([_call(address, committed_row_index=5)])
+    finally:
+        client.close()
+    assert isinstance(result, GetRowsResult)
+    assert result.row_count == 10
+    assert result.last_shuffle_row_index == 25
+    assert _core.decode_ipc([result.arrow_ipc])["x"].to_pylist() == list(range(7, 27, 2))
+    # The server caps the requested bytes at its own response limit.
+    assert handler.calls == [(1, 5, 10, MAX_RESPONSE)]
+
+
+def test_response_is_capped_by_bytes(served: tuple[WindowHandler, str]) -> None:
+    _, address = served
+    client = GrpcRowsClient(5.0, 1 << 20)
+    try:
+        (result,) = client.get_rows_many([_call(address, max_rows=1_000, max_bytes=800)])
+    finally:
+        client.close()
+    assert isinstance(result, GetRowsResult)
+    assert 0 < result.row_count < 500
+    assert result.last_shuffle_row_index == 2 * result.row_count - 1
+
+
+def test_stale_guid_is_failed_precondition(served: tuple[WindowHandler, str]) -> None:
+    handler, address = served
+    channel = grpc.insecure_channel(address)
+    stub = millstream_pb2_grpc.MapperStub(channel)  # type: ignore[no-untyped-call]
+    request = millstream_pb2.GetRowsRequest(
+        count=1, reducer_index=0, committed_row_index=-1, mapper_id="old"
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.GetRows(request, timeout=5)
+    channel.close()
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    client = GrpcRowsClient(5.0, 1 << 20)
+    try:
+        (result,) = client.get_rows_many([_call(address, mapper_guid="old")])
+    finally:
+        client.close()
+    assert isinstance(result, StaleMapperError)
+    assert handler.calls == []
+
+
+def test_unreachable_mapper_is_an_error_in_its_slot(served: tuple[WindowHandler, str]) -> None:
+    _, address = served
+    client = GrpcRowsClient(1.0, 1 << 20)
+    try:
+        down, up = client.get_rows_many([_call("127.0.0.1:1"), _call(address)])
+    finally:
+        client.close()
+    assert isinstance(down, grpc.RpcError)
+    assert isinstance(up, GetRowsResult)
+    assert up.row_count == 10
+
+
+def test_generated_code_is_current() -> None:
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
