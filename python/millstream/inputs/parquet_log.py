@@ -9,7 +9,9 @@ only lets the reader forget files it has passed.
 
 from __future__ import annotations
 
+import bisect
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +48,12 @@ class ParquetLog:
         path: The root directory. Each subdirectory is a partition (sorted by name); each
             holds ``.parquet`` or Arrow IPC (``.arrow``/``.feather``/``.ipc``) files read in
             sorted name order. All files of a partition must share one schema.
+        columns: Read only these columns (the mapper sees nothing else). Skipping columns
+            the mapper does not use saves most of the decoding.
     """
 
     path: str
+    columns: tuple[str, ...] | None = None
 
     def _partitions(self) -> list[Path]:
         root = Path(self.path)
@@ -77,45 +82,129 @@ class ParquetLog:
             raise ConfigurationError(
                 f"partition {partition} out of range: {self.path} has {len(parts)} partitions"
             )
-        return ParquetLogReader(parts[partition])
+        return ParquetLogReader(parts[partition], columns=self.columns)
+
+
+def _describe(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+class _File:
+    """One open input file, read a row group (Parquet) or record batch (IPC) at a time."""
+
+    def __init__(self, path: Path, columns: list[str] | None) -> None:
+        self.path = path
+        self._columns = columns
+        self._parquet: pq.ParquetFile | None = None
+        self._ipc: ipc.RecordBatchFileReader | None = None
+        self._map: pa.MemoryMappedFile | None = None
+        if path.suffix == ".parquet":
+            self._parquet = pq.ParquetFile(path)
+            meta = self._parquet.metadata
+            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            schema = self._parquet.schema_arrow
+        else:
+            self._map = pa.memory_map(str(path))
+            self._ipc = ipc.open_file(self._map)
+            sizes = [self._ipc.get_batch(i).num_rows for i in range(self._ipc.num_record_batches)]
+            schema = self._ipc.schema
+        if columns is not None:
+            missing = [c for c in columns if c not in schema.names]
+            if missing:
+                raise InputError(
+                    f"input file {path} has no column(s) {missing} (it has {schema.names}); "
+                    "fix the ParquetLog's columns or the file"
+                )
+            schema = pa.schema([schema.field(c) for c in columns])
+        self.schema = schema
+        self.starts = [0]
+        for size in sizes:
+            self.starts.append(self.starts[-1] + size)
+
+    @property
+    def num_rows(self) -> int:
+        return self.starts[-1]
+
+    def group_of(self, row: int) -> int:
+        return bisect.bisect_right(self.starts, row) - 1
+
+    def read_group(self, group: int) -> pa.Table:
+        if self._parquet is not None:
+            table = self._parquet.read_row_group(group, columns=self._columns)
+        else:
+            assert self._ipc is not None
+            batch = self._ipc.get_batch(group)
+            if self._columns is not None:
+                batch = batch.select(self._columns)
+            table = pa.Table.from_batches([batch])
+        return table.combine_chunks()
+
+    def close(self) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+        if self._map is not None:
+            self._map.close()
 
 
 class ParquetLogReader:
-    """Reads one partition directory; the continuation token is (file index, row offset)."""
+    """Reads one partition directory; the continuation token is (file index, row offset).
 
-    def __init__(self, directory: Path) -> None:
+    Holds one file open and one row group in memory at a time.
+    """
+
+    def __init__(self, directory: Path, *, columns: Sequence[str] | None = None) -> None:
         self._dir = directory
         self._files = sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES)
+        self._columns = list(columns) if columns is not None else None
         self._schema: pa.Schema | None = None
-        self._open_index = -1
-        self._open_table: pa.Table | None = None
+        self._file: _File | None = None
+        self._file_index = -1
+        self._group: tuple[int, pa.Table] | None = None
 
-    def _load(self, file_index: int) -> pa.Table:
-        if file_index == self._open_index and self._open_table is not None:
-            return self._open_table
-        path = self._files[file_index]
-        try:
-            if path.suffix == ".parquet":
-                with pq.ParquetFile(path) as parquet:
-                    table = parquet.read()
-            else:
-                with pa.memory_map(str(path)) as source:
-                    table = ipc.open_file(source).read_all()
-            table = table.combine_chunks()
-        except (pa.ArrowException, OSError) as exc:
-            raise InputError(
-                f"cannot read input file {path}: {exc}. Replace or repair the file (it must "
-                "hold the same rows as before, in the same order) and restart the processor"
-            ) from exc
+    def _guard(self, path: Path, exc: Exception) -> InputError:
+        reason = " ".join(str(exc).split())
+        return InputError(
+            f"cannot read input file {path}: {reason}. Replace or repair the file (it must "
+            "hold the same rows as before, in the same order) and restart the processor"
+        )
+
+    def _open(self, file_index: int) -> _File:
+        if self._file is not None and self._file_index == file_index:
+            return self._file
+        if self._schema is None and file_index > 0:
+            first = self._open_checked(0)
+            self._schema = first.schema
+            first.close()
+        opened = self._open_checked(file_index)
         if self._schema is None:
-            self._schema = table.schema
-        elif not table.schema.equals(self._schema):
+            self._schema = opened.schema
+        elif not opened.schema.equals(self._schema):
+            opened.close()
             raise InputError(
-                f"schema change inside partition {self._dir}: {path} has schema "
-                f"{table.schema} but earlier files have {self._schema}. All files of a "
+                f"schema change inside partition {self._dir}: {opened.path} has schema "
+                f"({_describe(opened.schema)}) but earlier files have "
+                f"({_describe(self._schema)}). All files of a "
                 "partition must share one schema; rewrite the file or start a new processor"
             )
-        self._open_index, self._open_table = file_index, table
+        self._forget()
+        self._file, self._file_index = opened, file_index
+        return opened
+
+    def _open_checked(self, file_index: int) -> _File:
+        path = self._files[file_index]
+        try:
+            return _File(path, self._columns)
+        except (pa.ArrowException, OSError) as exc:
+            raise self._guard(path, exc) from exc
+
+    def _read_group(self, file: _File, group: int) -> pa.Table:
+        if self._group is not None and self._group[0] == group:
+            return self._group[1]
+        try:
+            table = file.read_group(group)
+        except (pa.ArrowException, OSError) as exc:
+            raise self._guard(file.path, exc) from exc
+        self._group = (group, table)
         return table
 
     def read(
@@ -127,15 +216,18 @@ class ParquetLogReader:
         pieces: list[pa.RecordBatch] = []
         got = 0
         while got < want and file_index < len(self._files):
-            table = self._load(file_index)
-            if offset >= table.num_rows:
+            file = self._open(file_index)
+            if offset >= file.num_rows:
                 file_index, offset = file_index + 1, 0
                 continue
-            take = min(want - got, table.num_rows - offset)
-            pieces.extend(table.slice(offset, take).to_batches())
+            group = file.group_of(offset)
+            table = self._read_group(file, group)
+            start = offset - file.starts[group]
+            take = min(want - got, table.num_rows - start)
+            pieces.extend(table.slice(start, take).to_batches())
             got += take
             offset += take
-            if offset >= table.num_rows:
+            if offset >= file.num_rows:
                 file_index, offset = file_index + 1, 0
         token = _encode_token(file_index, offset)
         end = file_index >= len(self._files)
@@ -147,11 +239,16 @@ class ParquetLogReader:
         return ReadResult(batch, token, end)
 
     def trim(self, row_index: int, continuation_token: bytes) -> None:
-        """Forget files before the token; the files themselves stay (the log is durable)."""
+        """Forget what lies before the token; the files stay (the directory is the log)."""
         file_index, _ = _decode_token(continuation_token)
-        if file_index > self._open_index:
-            self._open_index, self._open_table = -1, None
+        if file_index > self._file_index:
+            self._forget()
+
+    def _forget(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file, self._file_index, self._group = None, -1, None
 
     def close(self) -> None:
-        """Drop the cached file."""
-        self._open_index, self._open_table = -1, None
+        """Close the open file."""
+        self._forget()

@@ -1,0 +1,83 @@
+"""ParquetLog beyond the basics: row groups, Arrow IPC files, column projection, schemas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import millstream as ms
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+from millstream.exceptions import InputError
+from millstream.inputs.parquet_log import ParquetLogReader
+
+
+def _rows(start: int, n: int) -> pa.Table:
+    values = pa.array(range(start, start + n), pa.int64())
+    return pa.table({"x": values, "y": pa.compute.multiply(values, 2), "pad": [b"p" * 8] * n})
+
+
+def _mixed_partition(root: Path) -> tuple[Path, pa.Table]:
+    """A Parquet file of several row groups, an IPC file of several batches, and more."""
+    part = root / "p0"
+    part.mkdir(parents=True)
+    first, second, third = _rows(0, 250), _rows(250, 90), _rows(340, 33)
+    pq.write_table(first, part / "a.parquet", row_group_size=40)
+    with ipc.new_file(str(part / "b.arrow"), second.schema) as writer:
+        for batch in second.to_batches(max_chunksize=25):
+            writer.write_batch(batch)
+    pq.write_table(third, part / "c.parquet")
+    return part, pa.concat_tables([first, second, third])
+
+
+def _read_all(reader: ParquetLogReader, step: int) -> pa.Table:
+    begin, token, pieces = 0, b"", []
+    while True:
+        result = reader.read(begin, begin + step, token)
+        if result.batch is not None:
+            pieces.append(result.batch)
+            begin += result.batch.num_rows
+        token = result.continuation_token
+        if result.end_of_input:
+            return pa.Table.from_batches(pieces)
+
+
+@pytest.mark.parametrize("step", [1, 17, 64, 1_000])
+def test_row_groups_and_ipc_batches_read_in_order(tmp_path: Path, step: int) -> None:
+    part, everything = _mixed_partition(tmp_path)
+    assert _read_all(ParquetLogReader(part), step).equals(everything.combine_chunks())
+
+
+def test_columns_are_projected(tmp_path: Path) -> None:
+    _, everything = _mixed_partition(tmp_path)
+    log = ms.inputs.ParquetLog(str(tmp_path), columns=("y", "x"))
+    got = _read_all(log.reader(0), 100)
+    assert got.column_names == ["y", "x"]
+    assert got.equals(everything.select(["y", "x"]).combine_chunks())
+    with pytest.raises(InputError, match=r"no column\(s\) \['z'\]"):
+        ms.inputs.ParquetLog(str(tmp_path), columns=("z",)).reader(0).read(0, 10, b"")
+
+
+def test_schema_change_is_found_after_a_restart_too(tmp_path: Path) -> None:
+    part, _ = _mixed_partition(tmp_path)
+    pq.write_table(_rows(373, 5).drop_columns(["pad"]), part / "d.parquet")
+    reader = ParquetLogReader(part)
+    resumed = reader.read(0, 373, b"")  # up to the end of c.parquet
+    assert resumed.batch is not None
+    assert resumed.batch.num_rows == 373
+    with pytest.raises(InputError, match=r"schema change inside partition .*d\.parquet"):
+        reader.read(373, 400, resumed.continuation_token)
+    # A restarted mapper resuming at d.parquet compares it against the partition's first file.
+    with pytest.raises(InputError, match=r"schema change inside partition .*d\.parquet"):
+        ParquetLogReader(part).read(373, 400, resumed.continuation_token)
+
+
+def test_corrupt_row_group_names_the_file(tmp_path: Path) -> None:
+    part, _ = _mixed_partition(tmp_path)
+    path = part / "a.parquet"
+    data = bytearray(path.read_bytes())
+    data[200:600] = b"\xff" * 400  # damage the data pages, keep the footer
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"a\.parquet.*Replace or repair the file"):
+        _read_all(ParquetLogReader(part), 100)
