@@ -50,10 +50,15 @@ def generate(root: Path, rows: int, partitions: int = PARTITIONS, seed: int = 7)
 
 
 class PreAggregate(ms.Mapper):
-    """Sums ``value`` per ``key`` within the batch, then routes each key by hash."""
+    """Sums ``value`` per ``key`` within the batch, then routes each key by hash.
+
+    Workers are one process per core, so Arrow's own thread pool only adds overhead
+    (``use_threads=False`` makes the group-by about three times faster here).
+    """
 
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
+        table = pa.Table.from_batches([batch])
+        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
         sums = sums.rename_columns(["key", "value"])
         return ms.Partitioned.by_hash(sums, key="key", num_reducers=self.spec.num_reducers)
 
@@ -62,7 +67,8 @@ class SumIntoStore(ms.Reducer):
     """Folds the partial sums and adds them to the ``("sum", key)`` counters."""
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
+        table = pa.Table.from_batches([batch])
+        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
         txn.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
 
 
@@ -72,7 +78,8 @@ def make_processor(root: Path = ROOT, rows: int = ROWS, num_reducers: int = 2) -
     return ms.Processor(
         mapper=PreAggregate,
         reducer=SumIntoStore,
-        input=ms.inputs.ParquetLog(str(generate(root, rows))),
+        # The payload is not needed for the sum: reading only key and value skips decoding it.
+        input=ms.inputs.ParquetLog(str(generate(root, rows)), columns=("key", "value")),
         store=f"sqlite:///{root / f'state-{rows}.db'}",
         num_reducers=num_reducers,
         name="keyed_sum",

@@ -38,7 +38,8 @@ class PreAggregate(ms.Mapper):
     """Sums ``value`` per ``key`` within the batch, then routes each key by hash."""
 
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
+        table = pa.Table.from_batches([batch])
+        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
         sums = sums.rename_columns(["key", "value"])
         return ms.Partitioned.by_hash(sums, key="key", num_reducers=self.spec.num_reducers)
 
@@ -47,7 +48,8 @@ class SumIntoStore(ms.Reducer):
     """Folds the partial sums and adds them to the ``("sum", key)`` counters."""
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
+        table = pa.Table.from_batches([batch])
+        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
         txn.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
 
 

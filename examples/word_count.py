@@ -65,7 +65,8 @@ def count_words(lines: pa.Array | pa.ChunkedArray) -> pa.Table:
     """``(word, count)`` of every word in ``lines``, split on whitespace."""
     words = pc.list_flatten(pc.utf8_split_whitespace(lines))
     words = words.filter(pc.not_equal(pc.utf8_length(words), 0))
-    counted = pa.table({"word": words}).group_by("word").aggregate([([], "count_all")])
+    table = pa.table({"word": words})
+    counted = table.group_by("word", use_threads=False).aggregate([([], "count_all")])
     return counted.rename_columns(["word", "count"])
 
 

@@ -174,7 +174,10 @@ class Mapper(ABC):
     in the same order, with the same reducer indices, in every process and after every
     restart. millstream re-maps input after failures and relies on this for exactly-once;
     it cannot check it. A mapper may combine rows of one batch (pre-aggregate) before the
-    shuffle.
+    shuffle. Watch for operations whose output order is unspecified: pyarrow's
+    ``Table.group_by`` guarantees no order unless called with ``use_threads=False`` (which
+    is also faster in a worker: one process per core), and Python's ``hash`` of strings
+    changes between processes.
 
     Attributes:
         spec: This worker's :class:`WorkerSpec`.
