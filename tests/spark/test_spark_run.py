@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -140,6 +141,16 @@ def port_open(address: str) -> bool:
         return False
 
 
+def listeners(addresses: list[str]) -> str:
+    """Who listens on the addresses' ports (``ss``), for failure messages."""
+    ports = [a.rpartition(":")[2] for a in addresses]
+    try:
+        out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "ss unavailable"
+    return "\n".join(line for line in out.splitlines() if any(f":{p} " in line for p in ports))
+
+
 def test_keyed_sum_is_exact(spark: Any, tmp_path: Path) -> None:
     processor, queue = make_processor(tmp_path)
     table = make_rows(20_000, seed=1)
@@ -254,4 +265,8 @@ def test_cancelling_the_job_leaves_no_worker_or_port(spark: Any, tmp_path: Path)
         background.join(60)
     pids = {w.pid for w in mappers + reducers}
     wait_for(lambda: not any(pid_alive(pid) for pid in pids), 30, "worker processes to end")
-    assert not any(port_open(w.address) for w in mappers)
+    wait_for(
+        lambda: not any(port_open(w.address) for w in mappers),
+        10,
+        "mapper ports to close: " + listeners([w.address for w in mappers]),
+    )
