@@ -7,9 +7,7 @@ serving layer around them: the gRPC server, the heartbeat thread and the main lo
 
 from __future__ import annotations
 
-import cProfile
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -35,10 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("millstream.workers")
 
 ROLES = ("mapper", "reducer")
-
-PROFILE_ENV = "MILLSTREAM_PROFILE_DIR"
-"""When set, every worker profiles itself (cProfile) into ``<dir>/<role>-<index>-<pid>.prof``
-(the main thread only: ingestion or the reducer loop)."""
 
 
 class Heartbeat:
@@ -138,10 +132,6 @@ def run_worker(
     if not 0 <= index < count:
         raise ValueError(f"{role} index {index} out of range: the processor has {count}")
     stop = stop_event if stop_event is not None else threading.Event()
-    profile_dir = os.environ.get(PROFILE_ENV)
-    profiler = cProfile.Profile() if profile_dir else None
-    if profiler is not None:
-        profiler.enable()
     store = processor.open_store()
     try:
         store.transact(lambda txn: check_processor_info(txn, processor.info))
@@ -151,10 +141,6 @@ def run_worker(
             _serve_reducer(processor, index, store, stop, guid)
     finally:
         store.close()
-        if profiler is not None and profile_dir:
-            profiler.disable()
-            os.makedirs(profile_dir, exist_ok=True)
-            profiler.dump_stats(os.path.join(profile_dir, f"{role}-{index}-{os.getpid()}.prof"))
 
 
 def _serve_mapper(
