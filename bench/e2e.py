@@ -9,7 +9,8 @@ system is unavailable, after printing the table.
 
 The marginal rate of ``keyed_sum``: ``(rows_large - rows) / (wall_large - wall)``, from a
 second run at ``--marginal-rows`` (0 to skip): what a system sustains once its fixed costs
-(start-up, first batch) are paid.
+(start-up, first batch) are paid. With ``--repeat``, each figure is from the run of median
+wall time (all runs are saved).
 
 Run::
 
@@ -52,9 +53,26 @@ def _parse_per_workload(text: str) -> dict[str, int]:
     return out
 
 
-def run_one(system: str, workload: Workload, kind: str, args: argparse.Namespace) -> RunResult:
-    """One system, one workload, one size; saves the raw result."""
-    log(f"{system} {kind} {workload.spec.rows:,} rows: starting")
+def run_median(system: str, workload: Workload, kind: str, args: argparse.Namespace) -> RunResult:
+    """``--repeat`` runs of one system, workload and size; the one of median wall time."""
+    repeat = max(1, args.repeat.get(kind, 1))
+    runs = []
+    for attempt in range(repeat):
+        result = run_one(system, workload, kind, args, f"run {attempt + 1}/{repeat}")
+        result.save(RESULTS / f"{system}-{kind}-{workload.spec.rows}-run{attempt + 1}.json")
+        runs.append(result)
+    runs.sort(key=lambda r: r.wall_seconds)
+    chosen = runs[(len(runs) - 1) // 2]
+    chosen.settings["repeat_walls_s"] = [round(r.wall_seconds, 2) for r in runs]
+    chosen.save(RESULTS / f"{system}-{kind}-{workload.spec.rows}.json")
+    return chosen
+
+
+def run_one(
+    system: str, workload: Workload, kind: str, args: argparse.Namespace, label: str = ""
+) -> RunResult:
+    """One system, one workload, one size."""
+    log(f"{system} {kind} {workload.spec.rows:,} rows {label}: starting")
     if system == "spark":
         opts = spark_structured_streaming.options_from_args(args)
         files = args.spark_max_files.get(kind)
@@ -65,7 +83,6 @@ def run_one(system: str, workload: Workload, kind: str, args: argparse.Namespace
         result = spark_structured_streaming.measure(workload, kind, opts, log=log)
     else:
         result = millstream_runner.measure(workload, kind, log=log)
-    result.save(RESULTS / f"{system}-{kind}-{workload.spec.rows}.json")
     spark_structured_streaming.print_result(result, log)
     return result
 
@@ -97,23 +114,25 @@ def table(
     marginal_rows: int,
 ) -> str:
     """The markdown report: one row per (workload, system), ratios, marginal rates."""
-    header = ["workload", "system", "rows", "exact", *(c[0] for c in COLUMNS)]
+    header = ["workload", "system", "rows", "runs", "exact", *(c[0] for c in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for kind in WORKLOADS:
         for system in SYSTEMS:
             key = (system, kind, rows)
             if key in results:
                 r = results[key]
-                cells = [kind, system, f"{r.rows:,}", "yes" if r.verified["ok"] else "**NO**"]
+                runs = len(r.settings.get("repeat_walls_s", [1]))
+                cells = [kind, system, f"{r.rows:,}", str(runs)]
+                cells.append("yes" if r.verified["ok"] else "**NO**")
                 cells += [_fmt(fn(r), digits) for _, fn, digits in COLUMNS]
             elif key in failures:
-                cells = [kind, system, f"{rows:,}", failures[key]] + [""] * len(COLUMNS)
+                cells = [kind, system, f"{rows:,}", "", failures[key]] + [""] * len(COLUMNS)
             else:
                 continue
             lines.append("| " + " | ".join(cells) + " |")
         spark, mill = results.get(("spark", kind, rows)), results.get(("millstream", kind, rows))
         if spark and mill:
-            cells = [kind, "millstream / spark", "", ""]
+            cells = [kind, "millstream / spark", "", "", ""]
             cells += [_fmt(fn(mill) / fn(spark), 2) for _, fn, _ in COLUMNS]
             lines.append("| " + " | ".join(cells) + " |")
     if marginal_rows:
@@ -157,8 +176,14 @@ def main() -> None:
     parser.add_argument(
         "--spark-max-files",
         type=_parse_per_workload,
-        default=_parse_per_workload("keyed_sum=4,smallest=10"),
-        help="maxFilesPerTrigger per workload, e.g. keyed_sum=4,smallest=10",
+        default=_parse_per_workload("keyed_sum=8,smallest=10"),
+        help="maxFilesPerTrigger per workload, e.g. keyed_sum=8,smallest=10",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=_parse_per_workload,
+        default=_parse_per_workload("keyed_sum=1,smallest=1"),
+        help="runs per workload, the median by wall time is reported, e.g. keyed_sum=3",
     )
     add_spec_arguments(parser)
     spark_structured_streaming.add_spark_arguments(parser)
@@ -186,7 +211,7 @@ def main() -> None:
             for system in systems:
                 key = (system, kind, rows)
                 try:
-                    results[key] = run_one(system, workload, kind, args)
+                    results[key] = run_median(system, workload, kind, args)
                 except millstream_runner.MillstreamUnavailable as exc:
                     log(f"{system} {kind}: {exc}")
                     failures[key] = "not available yet"

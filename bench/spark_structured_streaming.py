@@ -74,7 +74,7 @@ class SparkOptions:
     """
 
     cores: int = 2
-    max_files_per_trigger: int = 4
+    max_files_per_trigger: int = 8
     shuffle_partitions: int = 2
     trigger: str = "processing-time"
     trigger_seconds: float = 1.0
