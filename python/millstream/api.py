@@ -35,6 +35,8 @@ class WorkerSpec:
         guid: This instance's GUID; a restarted worker gets a new one.
         num_mappers: Number of mappers (one per input partition).
         num_reducers: Number of reducers.
+        processor_guid: The processor's GUID: stable for a given store and name, so the
+            same across restarts and runners.
     """
 
     processor: str
@@ -43,6 +45,7 @@ class WorkerSpec:
     guid: str
     num_mappers: int
     num_reducers: int
+    processor_guid: str = ""
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from millstream.api import Mapper, Reducer, Tuning
+from millstream.api import Mapper, Reducer, Tuning, WorkerSpec
 from millstream.exceptions import ConfigurationError
 from millstream.inputs.base import PartitionReader
 from millstream.state import Store, open_store, parse_store_url
@@ -112,6 +113,17 @@ class Processor:
             f"{self.reducer.__module__}.{self.reducer.__qualname__}"
         )
         return ProcessorInfo(self.num_mappers, self.num_reducers, fingerprint)
+
+    @property
+    def guid(self) -> str:
+        """The processor's GUID, derived from its store URL and name (stable across runs)."""
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"{self.store}#{self.name}").hex
+
+    def spec(self, role: str, index: int, guid: str) -> WorkerSpec:
+        """The specification handed to worker ``index`` of ``role`` (instance ``guid``)."""
+        return WorkerSpec(
+            self.name, role, index, guid, self.num_mappers, self.num_reducers, self.guid
+        )
 
     def open_store(self) -> Store:
         """Open this processor's store under its prefix."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from millstream import _core
-from millstream.api import Partitioned, WorkerSpec
+from millstream.api import Partitioned
 from millstream.exceptions import (
     CommitUnknownResultError,
     ConfigurationError,
@@ -76,14 +76,7 @@ class MapperWorker:
         self.clock = clock
         self.tuning = processor.tuning
         self.guid = guid or uuid.uuid4().hex
-        self.spec = WorkerSpec(
-            processor.name,
-            "mapper",
-            index,
-            self.guid,
-            processor.num_mappers,
-            processor.num_reducers,
-        )
+        self.spec = processor.spec("mapper", index, self.guid)
         self.user = processor.mapper(self.spec, processor.config)
         self.reader = reader if reader is not None else processor.input.reader(index)
         self.window: _core.Window | None = None

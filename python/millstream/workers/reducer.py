@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from millstream import _core
-from millstream.api import Transaction, WorkerSpec
+from millstream.api import Transaction
 from millstream.exceptions import (
     MillstreamError,
     RetryableStoreError,
@@ -78,14 +78,7 @@ class ReducerWorker:
         self.clock = clock
         self.tuning = processor.tuning
         self.guid = guid or uuid.uuid4().hex
-        self.spec = WorkerSpec(
-            processor.name,
-            "reducer",
-            index,
-            self.guid,
-            processor.num_mappers,
-            processor.num_reducers,
-        )
+        self.spec = processor.spec("reducer", index, self.guid)
         self.user = processor.reducer(self.spec, processor.config)
         self.commits = 0
         self.rows_reduced = 0

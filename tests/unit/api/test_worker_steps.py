@@ -335,3 +335,20 @@ def test_a_batch_over_the_memory_limit_is_a_configuration_error(tmp_path: Path) 
     with pytest.raises(ConfigurationError, match=r"Lower tuning.batch_rows"):
         c.mappers[0].ingest_once()
     c.store.close()
+
+
+def test_user_classes_get_their_spec_and_config(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, _tables(), config={"answer": 42})
+    mapper, reducer = c.mappers[1], c.reducers[0]
+    assert mapper.user.spec.role == "mapper"
+    assert mapper.user.spec.index == 1
+    assert mapper.user.spec.guid == mapper.guid
+    assert (mapper.user.spec.num_mappers, mapper.user.spec.num_reducers) == (2, 2)
+    assert reducer.user.spec.role == "reducer"
+    assert reducer.user.config == {"answer": 42}
+    # The processor GUID is the same for every worker and every restart of this processor.
+    again = MapperWorker(c.processor, 1, c.store, clock=c.clock)
+    assert again.guid != mapper.guid
+    assert again.user.spec.processor_guid == mapper.user.spec.processor_guid
+    assert reducer.user.spec.processor_guid == c.processor.guid != ""
+    c.store.close()
