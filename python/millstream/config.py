@@ -39,6 +39,9 @@ class Tuning:
             another instance write its state.
         grpc_max_message_bytes: gRPC send/receive limit on both sides.
         advertise_host: Host name mappers publish in discovery (default: loopback).
+        acknowledge_commits: After each commit, tell the mappers the new committed
+            indices at once (a GetRows for 0 rows) instead of with the next fetch, so they
+            free memory and trim their input a commit interval sooner.
         on_user_error: ``"stop"``: a ``map`` or ``reduce`` that raises stops the worker
             (and a local run) with the row range in the error; ``"retry"``: the worker logs
             it, backs off and retries the same rows.
@@ -59,6 +62,7 @@ class Tuning:
     split_brain_delay_seconds: float = 0.5
     grpc_max_message_bytes: int = 64 * 1024 * 1024
     advertise_host: str = "127.0.0.1"
+    acknowledge_commits: bool = True
     on_user_error: Literal["stop", "retry"] = "stop"
 
 

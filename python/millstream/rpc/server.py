@@ -24,7 +24,7 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
             count, last, payload = self._handler.handle_get_rows(
                 request.reducer_index,
                 request.committed_row_index,
-                max(1, request.count),
+                max(0, request.count),
                 max_bytes,
                 request.mapper_id,
             )

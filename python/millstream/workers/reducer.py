@@ -6,6 +6,7 @@ simulation can drive; :meth:`~ReducerWorker.run` is the thin loop around it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -104,6 +105,19 @@ class ReducerWorker:
             txn.reset()
         return state, mappers, drained
 
+    def drained_now(self) -> bool:
+        """Whether every mapper has drained (a cheap check between commits)."""
+        txn = self.store.create_transaction()
+        try:
+            return all(
+                txn.get(drained_key(i), snapshot=True) is not None
+                for i in range(self.processor.num_mappers)
+            )
+        except (RetryableStoreError, StoreUnavailableError):
+            return False
+        finally:
+            txn.reset()
+
     def _caps(self, live: int) -> tuple[int, int]:
         """Rows and bytes to ask each of ``live`` mappers for in this transaction."""
         t = self.tuning
@@ -185,9 +199,30 @@ class ReducerWorker:
             self._fetch_scale = max(self._fetch_scale / 2, 1e-9)
             self._note_error("commit", exc)
             return False
-        if committed and self._fetch_scale < 1.0:
-            self._fetch_scale = min(1.0, self._fetch_scale * 1.25)
+        if committed:
+            if self._fetch_scale < 1.0:
+                self._fetch_scale = min(1.0, self._fetch_scale * 1.25)
+            if self.tuning.acknowledge_commits:
+                self.acknowledge(calls, new, senders)
         return committed
+
+    def acknowledge(
+        self, calls: list[GetRowsCall], committed: list[int], mappers: list[int]
+    ) -> None:
+        """Tell ``mappers`` right away what this reducer committed (GetRows for 0 rows).
+
+        Without it a mapper learns of a commit only from the next GetRows, a commit
+        interval later; with it the mapper frees the rows' memory and can persist its
+        state and trim its input sooner. Failures are harmless (the next GetRows repeats
+        the committed index) and ignored.
+        """
+        acks = [
+            dataclasses.replace(call, committed_row_index=committed[call.mapper_index], max_rows=0)
+            for call in calls
+            if call.mapper_index in mappers
+        ]
+        if acks:
+            self.rows_client.get_rows_many(acks)
 
     def _decode(self, payloads: list[bytes], senders: list[int]) -> pa.RecordBatch:
         """One batch from every mapper's rows; differing schemas are unified if they can be.
@@ -288,17 +323,20 @@ class ReducerWorker:
 
         Waits ``commit_interval_seconds`` between commits (rows accumulate meanwhile and
         go into one transaction) unless the last fetch hit its row or byte cap; polls an
-        idle processor less and less often, up to once per commit interval; and backs off
+        idle processor less and less often, down to ten times a second; and backs off
         after errors (thesis 4.4.2 step 1).
         """
         t = self.tuning
         backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
-        idle = Backoff(t.idle_seconds, max(t.idle_seconds, t.commit_interval_seconds))
+        idle = Backoff(t.idle_seconds, max(t.idle_seconds, min(0.1, t.commit_interval_seconds)))
         last_commit = self.clock.now() - t.commit_interval_seconds
         while not stop.is_set():
             wait = t.commit_interval_seconds - (self.clock.now() - last_commit)
-            if wait > 0 and not self.capped:
-                self.clock.sleep(wait, stop)
+            while wait > 0 and not self.capped and not stop.is_set():
+                self.clock.sleep(min(wait, 0.1), stop)
+                wait = t.commit_interval_seconds - (self.clock.now() - last_commit)
+                if wait > 0 and self.drained_now():
+                    break
             try:
                 committed = self.run_once()
             except UserCodeError as exc:

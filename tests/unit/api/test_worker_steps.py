@@ -352,3 +352,20 @@ def test_user_classes_get_their_spec_and_config(tmp_path: Path) -> None:
     assert again.user.spec.processor_guid == mapper.user.spec.processor_guid
     assert reducer.user.spec.processor_guid == c.processor.guid != ""
     c.store.close()
+
+
+@pytest.mark.parametrize("acknowledge", [True, False])
+def test_commits_reach_the_mappers_at_once_when_acknowledged(
+    tmp_path: Path, acknowledge: bool
+) -> None:
+    c = Cluster(tmp_path, _tables(), acknowledge_commits=acknowledge)
+    for mapper in c.mappers.values():
+        mapper.ingest_once()
+    for reducer in c.reducers.values():
+        assert reducer.run_once()
+    for mapper in c.mappers.values():
+        window = mapper.window
+        assert window is not None
+        assert window.buffered_rows == (0 if acknowledge else BATCH_ROWS)
+        assert mapper.trim_input_rows() == acknowledge
+    c.store.close()
