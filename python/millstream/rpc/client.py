@@ -18,7 +18,9 @@ __all__ = ["GetRowsCall", "GetRowsResult", "GrpcRowsClient", "RowsClient"]
 class GrpcRowsClient:
     """GetRows over gRPC, one cached channel per mapper address."""
 
-    def __init__(self, timeout_seconds: float, max_message_bytes: int) -> None:
+    def __init__(
+        self, timeout_seconds: float, max_message_bytes: int, *, max_concurrent_calls: int = 8
+    ) -> None:
         self._timeout = timeout_seconds
         self._options = [
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -26,7 +28,9 @@ class GrpcRowsClient:
         ]
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, millstream_pb2_grpc.MapperStub]] = {}
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="getrows")
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, max_concurrent_calls), thread_name_prefix="getrows"
+        )
 
     def _stub(self, address: str) -> millstream_pb2_grpc.MapperStub:
         with self._lock:

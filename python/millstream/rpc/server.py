@@ -45,13 +45,22 @@ class RowsServer:
         bind: ``host:port`` to listen on; port 0 picks a free one.
         max_message_bytes: gRPC send/receive limit.
         max_response_bytes: Byte cap of one response's rows.
+        max_concurrent_calls: Calls served at once (one per reducer is enough).
     """
 
     def __init__(
-        self, handler: RowsHandler, bind: str, max_message_bytes: int, max_response_bytes: int
+        self,
+        handler: RowsHandler,
+        bind: str,
+        max_message_bytes: int,
+        max_response_bytes: int,
+        *,
+        max_concurrent_calls: int = 8,
     ) -> None:
         self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=8, thread_name_prefix="getrows"),
+            ThreadPoolExecutor(
+                max_workers=max(1, max_concurrent_calls), thread_name_prefix="getrows"
+            ),
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes),

@@ -150,7 +150,13 @@ def _serve_mapper(
     worker = MapperWorker(processor, index, store, guid=guid)
     try:
         store.transact(lambda txn: txn.clear(drained_key(index)))
-        server = RowsServer(worker, "0.0.0.0:0", t.grpc_max_message_bytes, t.get_rows_max_bytes)
+        server = RowsServer(
+            worker,
+            "0.0.0.0:0",
+            t.grpc_max_message_bytes,
+            t.get_rows_max_bytes,
+            max_concurrent_calls=max(8, processor.num_reducers),
+        )
         try:
             address = f"{t.advertise_host}:{server.port}"
             beat = Heartbeat(
@@ -171,7 +177,11 @@ def _serve_reducer(
     processor: Processor, index: int, store: Store, stop: threading.Event, guid: str | None
 ) -> None:
     t = processor.tuning
-    client = GrpcRowsClient(t.rpc_timeout_seconds, t.grpc_max_message_bytes)
+    client = GrpcRowsClient(
+        t.rpc_timeout_seconds,
+        t.grpc_max_message_bytes,
+        max_concurrent_calls=max(8, processor.num_mappers),
+    )
     try:
         worker = ReducerWorker(processor, index, store, client, guid=guid)
         beat = Heartbeat(
