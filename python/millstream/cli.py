@@ -85,16 +85,17 @@ def _status(args: argparse.Namespace) -> int:
             if s.get("last_error"):
                 errors.append(f"mapper {m}: {s['last_error']}")
         print(
-            f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12} {'rows/s':>10} "
-            f"{'MB/s':>7}  committed row indices"
+            f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12} {'rows/commit':>11} "
+            f"{'rows/s':>10} {'MB/s':>7}  committed row indices"
         )
         for r in range(info.num_reducers):
             committed = read_reducer_state(txn, r, info.num_mappers).committed_row_indices
             s = statuses.get(("reducer", r), {})
             alive = r in reducers and now - reducers[r].heartbeat < stale
+            commits, rows = int(s.get("commits", 0)), int(s.get("rows_reduced", 0))
             print(
-                f"{r:>7} {'yes' if alive else 'no':>5} {int(s.get('commits', 0)):>9,} "
-                f"{int(s.get('rows_reduced', 0)):>12,} {_rate(s, 'rows_reduced'):>10,.0f} "
+                f"{r:>7} {'yes' if alive else 'no':>5} {commits:>9,} {rows:>12,} "
+                f"{rows // max(1, commits):>11,} {_rate(s, 'rows_reduced'):>10,.0f} "
                 f"{_rate(s, 'bytes_fetched') / 1e6:>7.1f}  {list(committed)}"
             )
             if s.get("last_error"):
