@@ -42,9 +42,10 @@ def test_keyed_sum_is_exact(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_kill_9_random_workers_many_times(tmp_path: Path) -> None:
     data = write_keyed_input(tmp_path / "in", 200_000, partitions=2, file_rows=20_000)
-    processor = keyed_processor(
-        data, tmp_path / "state.db", num_reducers=2, tune=tuning(batch_rows=2_000)
-    )
+    # A small window and slower commits make the run last seconds, so that the killer finds
+    # workers at every stage (workers start in milliseconds from the fork server).
+    tune = tuning(batch_rows=2_000, memory_limit_bytes=40_000, commit_interval_seconds=0.1)
+    processor = keyed_processor(data, tmp_path / "state.db", num_reducers=2, tune=tune)
     runner = LocalRunner(processor)
     rng = random.Random(20240611)
     kills: list[tuple[str, int, int]] = []
