@@ -19,16 +19,18 @@ from millstream.api import Partitioned
 from millstream.exceptions import (
     CommitUnknownResultError,
     ConfigurationError,
+    InputError,
     MemoryLimitError,
     MillstreamError,
     RetryableStoreError,
     SplitBrainError,
     StaleMapperError,
+    StoreConflictError,
     StoreUnavailableError,
     UserCodeError,
 )
-from millstream.inputs.base import PartitionReader
-from millstream.state import Store, Transaction, pack
+from millstream.inputs.base import PartitionReader, ReadResult
+from millstream.state import Store, Transaction, pack, unpack
 from millstream.state.records import SYSTEM, MapperState, read_mapper_state, write_mapper_state
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 
@@ -41,6 +43,11 @@ log = logging.getLogger("millstream.mapper")
 def drained_key(mapper_index: int) -> tuple[str, str, int]:
     """Key a mapper sets once every row of its bounded input has its effect committed."""
     return (*SYSTEM, "drained", mapper_index)
+
+
+def plan_key(mapper_index: int, begin_row_index: int) -> tuple[str, str, int, int]:
+    """Key of the recorded end of mapper ``mapper_index``'s batch starting at an input row."""
+    return (*SYSTEM, "plan", mapper_index, begin_row_index)
 
 
 def mapped_key(mapper_index: int, what: str) -> tuple[str, str, int, str]:
@@ -136,7 +143,11 @@ class MapperWorker:
         """
         window = self._require_window()
         begin = window.input_end_row_index
-        result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
+        try:
+            result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
+        except InputError:
+            self._check_persisted()  # another instance may have trimmed what this one reads
+            raise
         self._check_persisted()
         batch = result.batch
         rows = 0 if batch is None else batch.num_rows
@@ -146,7 +157,13 @@ class MapperWorker:
                 window.push(_EMPTY, _EMPTY_INDICES, begin, result.continuation_token)
                 self._token = result.continuation_token
             return False
-        end = begin + rows
+        end = self.plan_batch(begin, begin + rows)
+        if end != begin + rows:
+            result = self._read_exactly(begin, end)
+            self._check_persisted()
+            batch = result.batch
+            assert batch is not None
+            rows = batch.num_rows
         try:
             mapped = self.user.map(batch)
         except Exception as exc:
@@ -179,6 +196,67 @@ class MapperWorker:
         self.batches += 1
         self._batches_unpersisted += 1
         return True
+
+    def plan_batch(self, begin: int, end: int) -> int:
+        """Fix the boundaries of the batch starting at input row ``begin``; returns its end.
+
+        ``map`` may combine the rows of a batch (pre-aggregate), so the shuffle numbering is
+        only reproducible if a batch re-read after a restart, or by a second live instance,
+        has the same boundaries as the first time, whatever the input had available then.
+        The first instance to map a batch records ``[begin, end)`` in the store before any
+        of its rows can be sent; everyone after follows that record. Records below the
+        persisted input index are cleared by :meth:`trim_input_rows`.
+
+        Returns:
+            ``end``, or the end another instance recorded first.
+        """
+        key = plan_key(self.index, begin)
+        for _ in range(10):
+            txn = self.store.create_transaction()
+            try:
+                raw = txn.get(key)
+                if raw is not None:
+                    return int(unpack(raw)[0])
+                txn.set(key, pack((end,)))
+                txn.commit()
+                return end
+            except StoreConflictError:
+                continue
+            finally:
+                txn.reset()
+        raise StoreConflictError(f"mapper {self.index}: could not record the batch at {begin}")
+
+    def _read_exactly(self, begin: int, end: int) -> ReadResult:
+        """Input rows ``[begin, end)`` as one batch, reading from this instance's token."""
+        pieces: list[pa.RecordBatch] = []
+        token, at, end_of_input, idle = self._token, begin, False, 0
+        while at < end:
+            result = self.reader.read(at, end, token)
+            rows = 0 if result.batch is None else result.batch.num_rows
+            if rows == 0:
+                idle += 1
+                if result.end_of_input or idle > 100:
+                    raise InputError(
+                        f"mapper {self.index}: input rows [{begin}, {end}) were mapped before "
+                        f"(by an earlier instance) but the partition now gives none after row "
+                        f"{at}; the input lost rows it had. Restore them or start a new processor"
+                    )
+                token = result.continuation_token
+                self.clock.sleep(self.tuning.idle_seconds)
+                continue
+            assert result.batch is not None
+            if at + rows > end:
+                raise InputError(
+                    f"mapper {self.index}: the reader returned rows [{at}, {at + rows}) when asked "
+                    f"for rows up to {end}; a PartitionReader must not read past its hint"
+                )
+            pieces.append(result.batch)
+            at += rows
+            token, end_of_input = result.continuation_token, result.end_of_input
+        if len(pieces) == 1:
+            return ReadResult(pieces[0], token, end_of_input)
+        batch = pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+        return ReadResult(batch, token, end_of_input)
 
     def _require_window(self) -> _core.Window:
         if self.window is None:
@@ -245,6 +323,7 @@ class MapperWorker:
                 return False
             local = MapperState(input_index, shuffle_index, token, self.persisted.version)
             written = write_mapper_state(txn, self.index, local)
+            txn.clear_range(plan_key(self.index, 0), plan_key(self.index, input_index))
             if self._batches_unpersisted:
                 txn.add(mapped_key(self.index, "batches"), self._batches_unpersisted)
             txn.commit()

@@ -33,10 +33,12 @@ from millstream.workers import ManualClock, MapperWorker, ReducerWorker
 from worker_fixtures import (
     BATCH_ROWS,
     ROWS_PER_PARTITION,
+    AddCounts,
     CountRows,
     MemoryInput,
     MemoryReader,
     PassThrough,
+    PreAggregating,
     WideningMapper,
 )
 from worker_fixtures import expected_counts as _expected
@@ -55,13 +57,15 @@ class Cluster:
         config: dict[str, object] | None = None,
         limits: StoreLimits | None = None,
         mapper: type[ms.Mapper] = PassThrough,
+        reducer: type[ms.Reducer] = CountRows,
+        visible: list[int] | None = None,
         **tuning: object,
     ) -> None:
         self.tables = tables
         self.processor = ms.Processor(
             mapper=mapper,
-            reducer=CountRows,
-            input=MemoryInput(tables),
+            reducer=reducer,
+            input=MemoryInput(tables, visible=visible if visible is not None else []),
             store=f"sqlite:///{tmp_path / 'state.db'}",
             num_reducers=num_reducers,
             config=config or {},
@@ -368,4 +372,39 @@ def test_commits_reach_the_mappers_at_once_when_acknowledged(
         assert window is not None
         assert window.buffered_rows == (0 if acknowledge else BATCH_ROWS)
         assert mapper.trim_input_rows() == acknowledge
+    c.store.close()
+
+
+@pytest.mark.parametrize("replay", ["restart", "second_instance"])
+def test_replayed_batches_keep_their_boundaries(tmp_path: Path, replay: str) -> None:
+    """A pre-aggregating map over a growing input: re-reading after more rows arrived must
+    cut the same batches as the first time, or shuffle indices would name other rows."""
+    visible = [150]  # the queue holds 150 rows of each partition so far
+    c = Cluster(tmp_path, _tables(), mapper=PreAggregating, reducer=AddCounts, visible=visible)
+    first = c.mappers[0]
+    first.ingest_once()  # [0, 100)
+    first.ingest_once()  # [100, 150): a short batch, all there was
+    c.mappers[1].ingest_once()
+    for reducer in c.reducers.values():
+        assert reducer.run_once()  # commits rows of the short batch; nothing persisted yet
+    assert first.persisted.input_unread_row_index == 0
+    visible[0] = ROWS_PER_PARTITION  # more rows arrive
+    if replay == "restart":
+        c.handlers.clear()
+        c.start_mapper(0)
+        c.start_mapper(1)
+    else:
+        second = c.start_mapper(0)  # a second live instance, now the freshest in discovery
+        second.ingest_once()
+        second.ingest_once()  # follows the recorded [100, 150), not [100, 200)
+        window = second.window
+        assert window is not None
+        assert window.input_end_row_index == 150
+    c.run_to_end()
+    assert c.output() == _expected(c.tables)
+    txn = c.store.create_transaction()
+    try:
+        assert txn.get_range_startswith(("sys", "plan")) == []  # cleared once persisted
+    finally:
+        txn.reset()
     c.store.close()

@@ -20,11 +20,14 @@ class MemoryReader:
     table: pa.Table
     trims: list[int] = field(default_factory=list)
     bounded: bool = True
+    visible: list[int] = field(default_factory=list)
 
     def read(self, begin_row_index: int, end_row_index_hint: int, token: bytes) -> ms.ReadResult:
         offset = struct.unpack("<q", token)[0] if token else 0
         assert offset == begin_row_index
-        take = min(end_row_index_hint - begin_row_index, self.table.num_rows - offset)
+        available = min(self.visible[0], self.table.num_rows) if self.visible else None
+        last = self.table.num_rows if available is None else available
+        take = min(end_row_index_hint - begin_row_index, last - offset)
         end = offset + max(take, 0)
         batch = self.table.slice(offset, max(take, 0)).combine_chunks().to_batches()
         done = self.bounded and end >= self.table.num_rows
@@ -39,17 +42,22 @@ class MemoryReader:
 
 @dataclass
 class MemoryInput:
-    """Partitions held in memory; ``bounded=False`` never reports the end of input."""
+    """Partitions held in memory; ``bounded=False`` never reports the end of input.
+
+    ``visible``: when set (one shared number), only that many rows of each partition are
+    readable so far, as in a queue that is still being appended to.
+    """
 
     tables: list[pa.Table]
     bounded: bool = True
+    visible: list[int] = field(default_factory=list)
 
     @property
     def num_partitions(self) -> int:
         return len(self.tables)
 
     def reader(self, partition: int) -> MemoryReader:
-        return MemoryReader(self.tables[partition], bounded=self.bounded)
+        return MemoryReader(self.tables[partition], bounded=self.bounded, visible=self.visible)
 
 
 class PassThrough(ms.Mapper):
@@ -111,3 +119,22 @@ def tables(partitions: int = 2, poison: int | None = None) -> list[pa.Table]:
 def expected_counts(tables: list[pa.Table]) -> dict[int, int]:
     counts = pa.concat_tables(tables).group_by("key").aggregate([([], "count_all")])
     return dict(zip(counts["key"].to_pylist(), counts["count_all"].to_pylist(), strict=True))
+
+
+class PreAggregating(ms.Mapper):
+    """Counts each key within the batch: its output depends on where batches begin and end."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        table = pa.Table.from_batches([batch])
+        counts = table.group_by("key", use_threads=False).aggregate([([], "count_all")])
+        counts = counts.rename_columns(["key", "n"])
+        return ms.Partitioned.by_hash(counts, key="key", num_reducers=self.spec.num_reducers)
+
+
+class AddCounts(ms.Reducer):
+    """Adds the partial counts of :class:`PreAggregating` under ``("n", key)``."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        table = pa.Table.from_batches([batch])
+        sums = table.group_by("key", use_threads=False).aggregate([("n", "sum")])
+        txn.add_many(("n",), sums["key"].combine_chunks(), sums["n_sum"].combine_chunks())
