@@ -36,6 +36,9 @@ def load_processor(reference: str) -> Processor:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from millstream.runner.local import start_fork_server
+
+    start_fork_server()  # it imports millstream and pyarrow while the user's module loads
     processor = load_processor(args.processor)
     print(
         f"millstream: running {processor.name}: {processor.num_mappers} mappers, "

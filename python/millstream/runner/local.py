@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -229,11 +230,22 @@ def worker_context() -> WorkerContext:
     return mp.get_context("forkserver")
 
 
-def preload_user_modules(processor: Processor) -> None:
-    """Have the fork server import the user's modules too (takes effect when it starts)."""
-    modules = {processor.mapper.__module__, processor.reducer.__module__}
-    modules.discard("__main__")
+def start_fork_server(processor: Processor | None = None) -> None:
+    """Start the fork server now, so that it imports while this process does other work.
+
+    With ``processor``, the server also imports the user's modules (if it is not running
+    yet). The malloc settings of :data:`MALLOC_ENV` are put in the environment first: the
+    server's allocator reads them once, at its start, and the workers inherit it.
+    """
+    os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
+    if "forkserver" not in mp.get_all_start_methods():
+        return
+    modules: set[str] = set()
+    if processor is not None:
+        modules = {processor.mapper.__module__, processor.reducer.__module__}
+        modules.discard("__main__")
     mp.set_forkserver_preload([*PRELOAD, *sorted(modules)])
+    forkserver.ensure_running()
 
 
 @dataclass
@@ -299,14 +311,13 @@ class LocalRunner:
 
     def start(self) -> None:
         """Check the store and start every worker."""
+        start_fork_server(self.processor)
         store = self.processor.open_store()
         try:
             prepare_store(self.processor, store)
         finally:
             store.close()
-        os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
         self._payload = pickle.dumps(self.processor)
-        preload_user_modules(self.processor)
         self._started_at = time.monotonic()
         workers = [("mapper", m) for m in range(self.processor.num_mappers)] + [
             ("reducer", r) for r in range(self.processor.num_reducers)
