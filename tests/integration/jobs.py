@@ -105,7 +105,11 @@ class KeyedSumMapper(ms.Mapper):
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
         if self.config.get("fail_map") and _has_poison(batch):
             raise ValueError(f"poisoned key {POISON_KEY} in this batch")
-        sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
+        sums = (
+            pa.Table.from_batches([batch])
+            .group_by("key", use_threads=False)
+            .aggregate([("value", "sum")])
+        )
         sums = sums.rename_columns(["key", "value"])
         return ms.Partitioned.by_hash(sums, key="key", num_reducers=self.spec.num_reducers)
 
