@@ -207,12 +207,6 @@ def test_killed_worker_is_retried_and_results_stay_exact(spark: Any, tmp_path: P
     assert got_sums(processor) == expected_sums(first, second)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug: with a second live mapper-0 process beside the Spark task, about one run "
-    "in four has failed (once with wrong sums, before the example's map was made "
-    "deterministic); the cause is not yet found",
-)
 def test_zombie_mapper_beside_the_spark_task_keeps_results_exact(
     spark: Any, tmp_path: Path
 ) -> None:
