@@ -217,5 +217,15 @@ class Reducer(ABC):
         ranges in the error. Effects outside ``txn`` are not covered by exactly-once.
         """
 
+    def on_commit(self) -> None:  # noqa: B027 (optional hook; the default does nothing)
+        """Called after the transaction of the last :meth:`reduce` committed.
+
+        For effects that must follow the commit: metrics, latency measurement, notifying
+        a consumer that new results are readable. Not called when the commit failed or was
+        abandoned (the same rows will be reduced again), nor when its outcome is unknown
+        and the commit turns out to have been applied: it can be missed, never doubled. An
+        exception raised here is logged and does not stop the worker.
+        """
+
 
 __all__ = ["Mapper", "Partitioned", "Reducer", "Transaction", "Tuning", "WorkerSpec"]

@@ -204,7 +204,15 @@ class ReducerWorker:
                 self._fetch_scale = min(1.0, self._fetch_scale * 1.25)
             if self.tuning.acknowledge_commits:
                 self.acknowledge(calls, new, senders)
+            self._notify_commit()
         return committed
+
+    def _notify_commit(self) -> None:
+        """Run the user's :meth:`~millstream.Reducer.on_commit`; its errors are only logged."""
+        try:
+            self.user.on_commit()
+        except Exception as exc:
+            self._note_error("on_commit", exc)
 
     def acknowledge(
         self, calls: list[GetRowsCall], committed: list[int], mappers: list[int]

@@ -408,3 +408,46 @@ def test_replayed_batches_keep_their_boundaries(tmp_path: Path, replay: str) -> 
     finally:
         txn.reset()
     c.store.close()
+
+
+class CountCommits(CountRows):
+    """Counts rows like :class:`CountRows` and records what each commit covered."""
+
+    def __init__(self, spec: ms.WorkerSpec, config: dict[str, object]) -> None:
+        super().__init__(spec, config)
+        self.pending = 0
+        self.committed: list[int] = []
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        super().reduce(batch, txn)
+        self.pending = batch.num_rows
+
+    def on_commit(self) -> None:
+        self.committed.append(self.pending)
+        if self.config.get("fail_on_commit"):
+            raise RuntimeError("on_commit failed")
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_on_commit_follows_every_commit_and_only_commits(tmp_path: Path, fail: bool) -> None:
+    c = Cluster(tmp_path, _tables(), reducer=CountCommits, config={"fail_on_commit": fail})
+    for mapper in c.mappers.values():
+        mapper.ingest_once()
+    reducer = c.reducers[0]
+    user = reducer.user
+    assert isinstance(user, CountCommits)
+    # A twin commits first: this reducer's transaction fails and on_commit is not called.
+    twin = ReducerWorker(
+        c.processor, 0, c.store, InProcessRowsClient(c.handlers.get), clock=c.clock
+    )
+    state, _, _ = reducer._read_view()
+    assert twin.run_once()
+    assert not reducer._reduce_and_commit(
+        state, state, pa.record_batch({"key": pa.array([1], pa.int64())}), ["test"], [b""]
+    )
+    assert user.committed == []
+    c.run_to_end()
+    assert c.output() == _expected(c.tables)
+    assert len(user.committed) == reducer.commits > 0
+    assert sum(user.committed) == reducer.rows_reduced
+    assert ("on_commit failed" in reducer.last_error) == fail
