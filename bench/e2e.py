@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import millstream_runner, spark_structured_streaming
-from bench.result import MB, RunResult, loadavg
+from bench.result import MB, RunResult, loadavg, print_result
 from bench.workload import Workload, add_spec_arguments, generate, spec_from_args
 
 RESULTS = Path(__file__).resolve().parent / "results" / "e2e"
@@ -84,7 +84,7 @@ def run_one(
         result = spark_structured_streaming.measure(workload, kind, opts, log=log)
     else:
         result = millstream_runner.measure(workload, kind, log=log)
-    spark_structured_streaming.print_result(result, log)
+    print_result(result, log)
     return result
 
 

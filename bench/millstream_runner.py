@@ -1,65 +1,375 @@
-"""Integration point: the millstream side of the end-to-end benchmark (not written yet).
+"""The benchmark workloads through millstream's local runner, measured like Spark's.
 
-:func:`measure` must do for millstream what
-:func:`bench.spark_structured_streaming.measure` does for Spark, and return the same
-:class:`~bench.result.RunResult`, so :mod:`bench.e2e` can put both in one table:
+A child process (``--child``) builds a :class:`millstream.Processor` over
+``millstream.inputs.ParquetLog(workload.path)`` (one mapper per ``partition=<p>``
+directory), with the jobs of :mod:`bench.millstream_jobs` and the embedded SQLite store in
+a fresh run directory, and runs it until the bounded input drains. The parent measures the
+child's whole process tree from outside with :mod:`bench.io_meter` (bytes written from
+``/proc/<pid>/io``, peak RSS and PSS) and times every reducer commit through a FIFO (the
+reducers' :meth:`~millstream.Reducer.on_commit` writes one line per commit; nothing of it
+touches the disk).
 
-1. Build a :class:`millstream.Processor` over ``millstream.inputs.ParquetLog(workload.path)``
-   (one mapper per ``partition=<p>`` directory) with the embedded SQLite store in a fresh
-   run directory, and
+Bytes written: ``total`` and ``net`` from the meter, as for Spark. The store is one SQLite
+file, so writes cannot be split by key; instead a second run of the same processor whose
+reducers do the same work but write no output (``write_output=False``) measures the
+bookkeeping alone (mapper and reducer state, counters, worker registration and status,
+batch boundaries): ``state`` is that run's total, ``output`` is the difference.
 
-   * ``keyed_sum``: a mapper that pre-aggregates each batch (``group_by("key").sum``) and
-     partitions by hash of ``key``; a reducer that folds the sums into the store with the
-     transaction's Arrow batch ``add`` (no Python loop per key);
-   * ``smallest``: a mapper that only partitions (nothing can be combined before the
-     shuffle), a reducer that keeps per key the count and the three smallest payloads.
+Each commit becomes a :class:`~bench.result.BatchRecord` that starts where the reducer's
+previous commit ended (the first at launch). Its ``rows`` are input rows: exact for
+``smallest`` (every input row crosses the shuffle); for ``keyed_sum`` the mappers
+pre-aggregate, so a commit's shuffle rows are scaled by input rows / shuffle rows of the
+whole run (whole-run figures do not depend on it).
 
-2. Run it to completion (bounded input drains) in a child process started with
-   :func:`bench.io_meter.run_subprocess`, recording the launch time and, for every reducer
-   commit, a :class:`~bench.result.BatchRecord` (rows covered, start and end, epoch
-   seconds): the first one's end is the time to first commit.
-3. Split bytes written: ``output`` = the user's rows in the store, ``state`` = everything
-   else (mapper and reducer bookkeeping); report ``total`` and ``net`` from the meter as
-   Spark does, and the store file sizes.
-4. Read the results back from the store into ``key, total`` (or ``key, count, s0, s1,
-   s2``) and check them with :func:`bench.verify.compare` against
-   ``workload.expected_sum()`` / ``workload.expected_smallest()``.
+The results are read back from the store and compared key by key with the workload's
+expected results (:func:`bench.verify.compare`).
+
+Run: ``.venv/bin/python -m bench.millstream_runner --rows 5000000 --workload keyed_sum``
+(``--help`` for the knobs). Results go to ``bench/results/millstream/``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import select
+import shutil
+import sys
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from bench.result import RunResult
-from bench.workload import Workload
+import pyarrow as pa
+
+from bench.io_meter import IOReport, run_subprocess
+from bench.millstream_jobs import FIFO_ENV, JOBS, SEPARATOR, SMALLEST
+from bench.result import BatchRecord, RunResult, loadavg, print_result
+from bench.verify import compare
+from bench.workload import SCHEMA, Workload, add_spec_arguments, generate, spec_from_args
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+WORKLOADS = tuple(JOBS)
+NAME = "bench"
 
 
 class MillstreamUnavailable(RuntimeError):
-    """The millstream side of the benchmark cannot run (yet)."""
+    """The millstream side of the benchmark cannot run."""
+
+
+@dataclass(frozen=True)
+class MillstreamOptions:
+    """The millstream knobs measured.
+
+    Args:
+        num_reducers: Reducer processes (mappers: one per input partition).
+        batch_rows: Rows a mapper reads per batch.
+        commit_interval_seconds: Minimum time between a reducer's commits.
+        bookkeeping_run: Also run without output writes to measure bookkeeping alone.
+    """
+
+    num_reducers: int = 2
+    batch_rows: int = 250_000
+    commit_interval_seconds: float = 0.5
+    bookkeeping_run: bool = True
+
+
+def build_processor(
+    input_dir: Path, kind: str, run_dir: Path, opts: MillstreamOptions, *, write_output: bool
+) -> Any:
+    """The processor of workload ``kind`` over ``input_dir`` with its store in ``run_dir``."""
+    import millstream as ms
+
+    mapper, reducer, columns = JOBS[kind]
+    return ms.Processor(
+        mapper=mapper,
+        reducer=reducer,
+        input=ms.inputs.ParquetLog(str(input_dir), columns=columns),
+        store=f"sqlite:///{run_dir / 'state.db'}",
+        num_reducers=opts.num_reducers,
+        name=NAME,
+        config={"write_output": write_output},
+        tuning=ms.Tuning(
+            batch_rows=opts.batch_rows, commit_interval_seconds=opts.commit_interval_seconds
+        ),
+    )
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """In the measured child: run the processor to the end and report its summary."""
+    opts = MillstreamOptions(**json.loads(args.options))
+    run_dir = Path(args.run_dir)
+    processor = build_processor(
+        Path(args.input), args.workload, run_dir, opts, write_output=not args.no_output
+    )
+    summary = processor.run_local(progress=False)
+    print(f"    {summary}", flush=True)
+    (run_dir / "child.json").write_text(json.dumps(asdict(summary)))
+
+
+class CommitListener:
+    """Collects the reducers' commit lines from a FIFO while a run goes on."""
+
+    def __init__(self, path: Path) -> None:
+        os.mkfifo(path)
+        # Read-write, so the FIFO never reports end-of-file between writers (a restarted
+        # reducer reopens it) and opening does not wait for a writer.
+        self._fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        self.commits: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="commit-listener", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pending = b""
+        while True:
+            ready, _, _ = select.select([self._fd], [], [], 0.05)
+            if ready:
+                try:
+                    pending += os.read(self._fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                *lines, pending = pending.split(b"\n")
+                self.commits += [json.loads(line) for line in lines if line]
+            elif self._stop.is_set():
+                return
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Stop after the FIFO is empty; the commits in order of their time."""
+        self._stop.set()
+        self._thread.join()
+        os.close(self._fd)
+        return sorted(self.commits, key=lambda c: c["t"])
+
+
+def _run_measured(
+    workload: Workload,
+    kind: str,
+    opts: MillstreamOptions,
+    run_dir: Path,
+    *,
+    write_output: bool,
+    log: Callable[[str], None],
+) -> tuple[float, list[dict[str, Any]], IOReport, dict[str, Any]]:
+    """One measured child run; returns launch time, commits, the I/O report, the summary."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    listener = CommitListener(run_dir / "commits.fifo")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env[FIFO_ENV] = str(run_dir / "commits.fifo")
+    args = [
+        sys.executable,
+        "-m",
+        "bench.millstream_runner",
+        "--child",
+        "--workload",
+        kind,
+        "--input",
+        str(workload.path),
+        "--run-dir",
+        str(run_dir),
+        "--options",
+        json.dumps(asdict(opts)),
+    ]
+    if not write_output:
+        args.append("--no-output")
+    launch = time.time()
+
+    def progress(meter: Any) -> None:
+        if int(time.time() - launch) % 5 == 0:
+            log(
+                f"    [{time.time() - launch:4.0f} s] {len(listener.commits)} commits, "
+                f"{meter.report().write_bytes / 1e6:,.1f} MB written so far"
+            )
+
+    try:
+        status, report = run_subprocess(args, env=env, cwd=str(REPO), on_sample=progress)
+    finally:
+        commits = listener.stop()
+    if status != 0:
+        raise RuntimeError(f"millstream child failed with status {status}; see its output above")
+    summary = json.loads((run_dir / "child.json").read_text())
+    return launch, commits, report, summary
+
+
+def _batches(commits: list[dict[str, Any]], launch: float, input_rows: int) -> list[BatchRecord]:
+    """Commits as batch records in input rows (see the module docstring)."""
+    shuffled = sum(c["rows"] for c in commits)
+    if not commits or shuffled == 0:
+        raise RuntimeError("the run reported no commits")
+    previous: dict[int, float] = {}
+    batches = []
+    done_shuffle = done_input = 0
+    for i, c in enumerate(commits):
+        done_shuffle += c["rows"]
+        covered = round(done_shuffle * input_rows / shuffled)
+        start = previous.get(c["r"], launch)
+        previous[c["r"]] = c["t"]
+        batches.append(BatchRecord(i, covered - done_input, start, c["t"]))
+        done_input = covered
+    return batches
+
+
+def read_results(run_dir: Path, kind: str) -> pa.Table:
+    """The processor's output as ``key, total`` or ``key, count, s0, s1, s2``, by key."""
+    from millstream.state import decode_int64, open_store
+
+    store = open_store(f"sqlite:///{run_dir / 'state.db'}", prefix=(NAME,))
+    try:
+        txn = store.create_transaction()
+        try:
+            if kind == "keyed_sum":
+                pairs = txn.get_range_startswith(("out", "sum"), snapshot=True)
+                return pa.table(
+                    {
+                        "key": pa.array([k[-1] for k, _ in pairs], pa.int64()),
+                        "total": pa.array([decode_int64(v) for _, v in pairs], pa.int64()),
+                    }
+                )
+            counts = dict(txn.get_range_startswith(("out", "count"), snapshot=True))
+            smallest = txn.get_range_startswith(("out", "smallest"), snapshot=True)
+        finally:
+            txn.reset()
+    finally:
+        store.close()
+    keys = [k[-1] for k, _ in smallest]
+    kept = [(v.decode().split(SEPARATOR) + [None] * SMALLEST)[:SMALLEST] for _, v in smallest]
+    payload = SCHEMA.field("payload").type
+    columns: dict[str, pa.Array] = {
+        "key": pa.array(keys, pa.int64()),
+        "count": pa.array([decode_int64(counts[("out", "count", k)]) for k in keys], pa.int64()),
+    }
+    for rank in range(SMALLEST):
+        columns[f"s{rank}"] = pa.array([row[rank] for row in kept], payload)
+    return pa.table(columns)
 
 
 def measure(
     workload: Workload,
     kind: str,
-    options: dict[str, Any] | None = None,
+    opts: MillstreamOptions | None = None,
     *,
     log: Callable[[str], None] = print,
 ) -> RunResult:
     """Run ``kind`` (``keyed_sum`` or ``smallest``) through millstream and measure it.
 
+    Returns:
+        The measured figures; ``verified["ok"]`` says whether every key matched.
+
     Raises:
-        MillstreamUnavailable: Always, for now: ``millstream.Processor`` cannot be imported
-            or this function's body (see the module docstring) is not written yet.
+        MillstreamUnavailable: The millstream package cannot be imported.
     """
+    if kind not in WORKLOADS:
+        raise ValueError(f"unknown workload {kind!r}; choose from {WORKLOADS}")
     try:
-        from millstream import Processor  # noqa: F401
+        import millstream  # noqa: F401
     except ImportError as exc:
-        raise MillstreamUnavailable(
-            f"millstream runner not available yet: cannot import millstream.Processor ({exc})"
-        ) from exc
-    raise MillstreamUnavailable(
-        "millstream runner not available yet: millstream.Processor imports, but the benchmark's "
-        "millstream side is not written; implement bench/millstream_runner.measure as its "
-        "module docstring describes"
+        raise MillstreamUnavailable(f"cannot import millstream ({exc})") from exc
+    opts = opts or MillstreamOptions()
+    runs = RESULTS / "millstream" / "runs"
+    expected = workload.expected_sum() if kind == "keyed_sum" else workload.expected_smallest()
+    load_before = loadavg()
+    run_dir = runs / f"{kind}-{workload.spec.rows}"
+    launch, commits, report, summary = _run_measured(
+        workload, kind, opts, run_dir, write_output=True, log=log
     )
+    load_after = loadavg()
+    log(f"    verifying {expected.num_rows:,} keys")
+    verification = compare(expected, read_results(run_dir, kind))
+    written = {
+        "total": report.write_bytes,
+        "net": report.net_write_bytes,
+        "wchar": report.wchar,
+        "wait4_oublock": report.wait4_oublock_bytes or 0,
+        "store_files": sum(f.stat().st_size for f in run_dir.glob("state.db*")),
+    }
+    settings: dict[str, Any] = {
+        **asdict(opts),
+        "partitions": workload.spec.partitions,
+        "rows_per_file": workload.spec.rows_per_file,
+        "commits": len(commits),
+        "summary": summary,
+    }
+    if opts.bookkeeping_run:
+        log("    again without output writes: the bookkeeping alone")
+        _, quiet_commits, quiet, quiet_summary = _run_measured(
+            workload,
+            kind,
+            opts,
+            runs / f"{kind}-{workload.spec.rows}-bookkeeping",
+            write_output=False,
+            log=log,
+        )
+        written["state"] = quiet.write_bytes
+        written["output"] = max(0, report.write_bytes - quiet.write_bytes)
+        settings["bookkeeping_run"] = {"commits": len(quiet_commits), "summary": quiet_summary}
+    return RunResult(
+        system="millstream",
+        workload=kind,
+        rows=workload.spec.rows,
+        input_bytes=workload.input_bytes,
+        parquet_bytes=workload.parquet_bytes,
+        launch=launch,
+        batches=_batches(commits, launch, workload.spec.rows),
+        written=written,
+        peak_rss_bytes=report.peak_rss_bytes,
+        peak_pss_bytes=report.peak_pss_bytes,
+        verified={"ok": verification.ok, "summary": verification.summary()},
+        settings=settings,
+        load=[load_before, load_after],
+    )
+
+
+def add_millstream_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``MillstreamOptions`` fields as command-line options."""
+    d = MillstreamOptions()
+    parser.add_argument("--num-reducers", type=int, default=d.num_reducers)
+    parser.add_argument("--batch-rows", type=int, default=d.batch_rows)
+    parser.add_argument("--commit-interval", type=float, default=d.commit_interval_seconds)
+    parser.add_argument(
+        "--no-bookkeeping-run",
+        action="store_true",
+        help="skip the run without output writes (no state/output split)",
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> MillstreamOptions:
+    """A ``MillstreamOptions`` from options added by :func:`add_millstream_arguments`."""
+    return MillstreamOptions(
+        num_reducers=args.num_reducers,
+        batch_rows=args.batch_rows,
+        commit_interval_seconds=args.commit_interval,
+        bookkeeping_run=not args.no_bookkeeping_run,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=WORKLOADS, default="keyed_sum")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-output", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--input", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--options", help=argparse.SUPPRESS)
+    add_spec_arguments(parser)
+    add_millstream_arguments(parser)
+    args = parser.parse_args()
+    if args.child:
+        run_child(args)
+        return
+    workload = generate(spec_from_args(args), args.data_root, verbose=True)
+    result = measure(workload, args.workload, options_from_args(args))
+    result.save(RESULTS / "millstream" / f"{args.workload}-{workload.spec.rows}.json")
+    print_result(result)
+    if not result.verified["ok"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

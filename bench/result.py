@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,26 @@ def loadavg() -> str:
 def cpu_count() -> int:
     """CPUs this process may use."""
     return len(os.sched_getaffinity(0))
+
+
+def print_result(result: RunResult, log: Callable[[str], None] = print) -> None:
+    """A few lines of figures (the finer written-bytes entries where measured)."""
+    s = result.summary()
+    w = s["written_per_input_byte"]
+    finer = ", ".join(
+        f"{name.replace('_', ' ')} {w[name]:.4f}"
+        for name in ("checkpoint_files", "shuffle_files", "store_files")
+        if name in w
+    )
+    log(
+        f"  {result.system} {result.workload} {result.rows:,} rows: {result.verified['summary']}\n"
+        f"    wall {s['wall_s']:.1f} s, first commit {s['first_commit_s']:.2f} s, "
+        f"{s['rows_per_s'] / 1e6:.3f} M rows/s whole run, "
+        f"{s['running_rows_per_s'] / 1e6:.3f} M rows/s once running, "
+        f"{s['mb_per_s']:.1f} MB/s\n"
+        f"    {s['batches']} batches of {s['batch_s_min']:.2f}-{s['batch_s_max']:.2f} s "
+        f"(median {s['batch_s_median']:.2f}); written per input byte: total "
+        f"{w.get('total', 0):.4f} (state {w.get('state', float('nan')):.4f}, output "
+        f"{w.get('output', float('nan')):.4f}; {finer}); peak RSS {s['peak_rss_mb']:,.0f} MB "
+        f"(PSS {s['peak_pss_mb']:,.0f} MB); load {result.load}"
+    )

@@ -49,7 +49,7 @@ import pyarrow as pa
 
 from bench.dir_meter import DirectoryMeter
 from bench.io_meter import ProcessIO, run_subprocess
-from bench.result import BatchRecord, RunResult, loadavg
+from bench.result import BatchRecord, RunResult, loadavg, print_result
 from bench.verify import compare
 from bench.workload import SCHEMA, Workload, add_spec_arguments, generate, spec_from_args
 
@@ -460,25 +460,6 @@ def measure(
             "state_operators_last": child["batches"][-1]["state"] if child["batches"] else [],
         },
         load=[load_before, loadavg()],
-    )
-
-
-def print_result(result: RunResult, log: Callable[[str], None] = print) -> None:
-    """A few lines of figures."""
-    s = result.summary()
-    w = s["written_per_input_byte"]
-    log(
-        f"  {result.system} {result.workload} {result.rows:,} rows: {result.verified['summary']}\n"
-        f"    wall {s['wall_s']:.1f} s, first batch {s['first_commit_s']:.1f} s, "
-        f"{s['rows_per_s'] / 1e6:.3f} M rows/s whole run, "
-        f"{s['running_rows_per_s'] / 1e6:.3f} M rows/s once running, "
-        f"{s['mb_per_s']:.1f} MB/s\n"
-        f"    {s['batches']} batches of {s['batch_s_min']:.2f}-{s['batch_s_max']:.2f} s "
-        f"(median {s['batch_s_median']:.2f}); written per input byte: total {w['total']:.3f} "
-        f"(state {w['state']:.3f}, output {w['output']:.3f}; checkpoint files "
-        f"{w['checkpoint_files']:.3f}, shuffle files {w['shuffle_files']:.3f}); "
-        f"peak RSS {s['peak_rss_mb']:,.0f} MB (PSS {s['peak_pss_mb']:,.0f} MB); "
-        f"load {result.load}"
     )
 
 

@@ -1,0 +1,171 @@
+"""The benchmark workloads as millstream mappers and reducers (what the workers import).
+
+* ``keyed_sum``: :class:`PreAggregate` sums ``value`` per ``key`` within each input batch
+  and routes each key by hash; :class:`SumIntoStore` folds the partial sums into int64
+  counters ``("sum", key)`` with one batch ``add`` per commit.
+* ``smallest``: :class:`RouteRows` only routes rows by key hash (the three smallest payloads
+  of a key cannot be combined before the shuffle without knowing the key's state), so every
+  row crosses the shuffle; :class:`KeepSmallest` keeps, per key, a counter ``("count",
+  key)`` and the three smallest payloads ``("smallest", key)`` (newline-joined; the
+  workload's payloads are ASCII letters, digits, ``+`` and ``-``).
+
+Every reducer reports its commits through :class:`CommitReporter`: one JSON line per
+committed transaction (reducer, shuffle rows, commit time) written to a FIFO named by the
+``MILLSTREAM_BENCH_FIFO`` environment variable, so the benchmark times every commit without
+writing anything to disk. With ``config["write_output"] = False`` the reducers do all their
+work but write no output, which measures the bookkeeping's own writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import millstream as ms
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+FIFO_ENV = "MILLSTREAM_BENCH_FIFO"
+SMALLEST = 3
+SEPARATOR = "\n"
+
+
+class CommitReporter(ms.Reducer):
+    """Base of the benchmark reducers: reports each commit to the benchmark's FIFO."""
+
+    def __init__(self, spec: ms.WorkerSpec, config: Any) -> None:
+        super().__init__(spec, config)
+        self.pending_rows = 0
+        self.write_output = bool(config.get("write_output", True))
+        path = os.environ.get(FIFO_ENV)
+        self._fd = os.open(path, os.O_WRONLY) if path else -1
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        self.pending_rows = batch.num_rows
+        if self.write_output:
+            self.write(batch, txn)
+        else:
+            self.compute(batch)
+
+    def write(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        """Fold ``batch`` into the store (the workload's real work)."""
+        raise NotImplementedError
+
+    def compute(self, batch: pa.RecordBatch) -> None:
+        """The same computation as :meth:`write` without touching the store."""
+        raise NotImplementedError
+
+    def on_commit(self) -> None:
+        if self._fd >= 0:
+            line = json.dumps({"r": self.spec.index, "rows": self.pending_rows, "t": time.time()})
+            os.write(self._fd, (line + "\n").encode())
+
+
+def _table(batch: pa.RecordBatch) -> pa.Table:
+    return pa.Table.from_batches([batch])
+
+
+class PreAggregate(ms.Mapper):
+    """Sums ``value`` per ``key`` within the batch, then routes each key by hash."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        sums = _table(batch).group_by("key", use_threads=False).aggregate([("value", "sum")])
+        sums = sums.rename_columns(["key", "value"])
+        return ms.Partitioned.by_hash(sums, key="key", num_reducers=self.spec.num_reducers)
+
+
+class SumIntoStore(CommitReporter):
+    """Folds the partial sums and adds them to the ``("sum", key)`` counters."""
+
+    @staticmethod
+    def _sums(batch: pa.RecordBatch) -> pa.Table:
+        return _table(batch).group_by("key", use_threads=False).aggregate([("value", "sum")])
+
+    def write(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        sums = self._sums(batch)
+        txn.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
+
+    def compute(self, batch: pa.RecordBatch) -> None:
+        self._sums(batch)
+
+
+class RouteRows(ms.Mapper):
+    """Routes every row by the hash of its key; nothing is combined before the shuffle."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
+
+
+def _smallest_per_key(keys: np.ndarray, payloads: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """The first :data:`SMALLEST` payloads of each key, as newline-joined strings.
+
+    ``keys`` and ``payloads`` are sorted by key, then payload.
+    """
+    n = len(keys)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    rank = np.arange(n) - np.repeat(starts, sizes)
+    keep = rank < SMALLEST
+    kept = payloads.filter(pa.array(keep))
+    kept_sizes = np.minimum(sizes, SMALLEST)
+    offsets = np.r_[0, np.cumsum(kept_sizes)].astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(offsets), kept)
+    return keys[starts], pc.binary_join(lists, SEPARATOR)
+
+
+class KeepSmallest(CommitReporter):
+    """Per key: the row count and the three smallest payloads, merged with the stored state.
+
+    Each commit reads the stored state of the batch's keys, merges it with the batch's rows
+    (sort by key and payload, keep the first three per key) and writes it back; the count is
+    an atomic add. The result does not depend on the order in which rows arrive.
+    """
+
+    def _merge(
+        self, batch: pa.RecordBatch, stored: list[bytes | None] | None, keys: pa.Array
+    ) -> tuple[np.ndarray, pa.Array]:
+        table = _table(batch).select(["key", "payload"])
+        if stored is not None:
+            old_keys: list[int] = []
+            old_payloads: list[str] = []
+            for key, value in zip(keys.to_pylist(), stored, strict=True):
+                if value is not None:
+                    parts = value.decode().split(SEPARATOR)
+                    old_keys += [key] * len(parts)
+                    old_payloads += parts
+            old = pa.table(
+                {
+                    "key": pa.array(old_keys, pa.int64()),
+                    "payload": pa.array(old_payloads, table.schema.field("payload").type),
+                }
+            )
+            table = pa.concat_tables([table, old])
+        order = pc.sort_indices(table, sort_keys=[("key", "ascending"), ("payload", "ascending")])
+        table = table.take(order)
+        return _smallest_per_key(table["key"].to_numpy(), table["payload"].combine_chunks())
+
+    @staticmethod
+    def _counts(batch: pa.RecordBatch) -> pa.Table:
+        return _table(batch).group_by("key", use_threads=False).aggregate([([], "count_all")])
+
+    def write(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        counts = self._counts(batch)
+        keys = counts["key"].combine_chunks()
+        txn.add_many(("count",), keys, counts["count_all"].combine_chunks())
+        stored = txn.get_many(("smallest",), keys)
+        merged_keys, smallest = self._merge(batch, stored, keys)
+        txn.set_many(("smallest",), pa.array(merged_keys), smallest.cast(pa.binary()))
+
+    def compute(self, batch: pa.RecordBatch) -> None:
+        self._counts(batch)
+        self._merge(batch, None, pa.array([], pa.int64()))
+
+
+JOBS: dict[str, tuple[type[ms.Mapper], type[CommitReporter], tuple[str, ...]]] = {
+    "keyed_sum": (PreAggregate, SumIntoStore, ("key", "value")),
+    "smallest": (RouteRows, KeepSmallest, ("key", "payload")),
+}
+"""Workload name: mapper, reducer, and the input columns the job reads."""
