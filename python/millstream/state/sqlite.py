@@ -22,7 +22,7 @@ import os
 import sqlite3
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,15 @@ from millstream.state.limits import StoreLimits
 
 APPLICATION_ID = 0x4D534D31
 """``PRAGMA application_id`` of a millstream store file ('MSM1')."""
+
+DEFAULT_CHECKPOINT_PAGES = 16_384
+"""WAL pages (4 KiB) after which a commit copies the log into the database file.
+
+SQLite's default, 1,000 pages, copies a store whose hot keys fill a few MB back into the
+file after nearly every reducer commit, doubling the bytes written; with 64 MB of log a
+page rewritten by many commits is copied once. Measured on the 20 M-row keyed sum: 0.040
+bytes written per input byte with 1,000 pages, 0.019 with a large log.
+"""
 
 SCHEMA_VERSION = 1
 
@@ -494,7 +503,8 @@ class SqliteStore(Store):
 
     Open it with ``open_store("sqlite:///abs/path/file.db")``. Connections are pooled and
     handed to one transaction at a time, so threads share a store safely; after a fork the
-    child opens its own connections.
+    child opens its own connections. ``clock`` (monotonic seconds, default the real clock)
+    times transactions against the five-second limit; simulations pass their own.
     """
 
     def __init__(
@@ -506,11 +516,16 @@ class SqliteStore(Store):
         *,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         synchronous: str = "FULL",
+        checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(url, prefix, limits)
+        if clock is not None:
+            self.clock = clock
         self._path = path
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
+        self._checkpoint_pages = checkpoint_pages
         self._lock = threading.Lock()
         self._pool: list[sqlite3.Connection] = []
         self._pid = os.getpid()
@@ -546,6 +561,7 @@ class SqliteStore(Store):
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA cache_size = -32768")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {int(self._checkpoint_pages)}")
             conn.create_function("ms_add", 2, _sql_add, deterministic=True)
         except sqlite3.Error as exc:
             conn.close()

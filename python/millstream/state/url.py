@@ -12,12 +12,13 @@ from millstream.state.keys import Key
 from millstream.state.limits import StoreLimits
 
 ACCEPTED_FORMS = (
-    "sqlite:///absolute/path/to/file.db[?busy_timeout_ms=10000&synchronous=full|normal]",
+    "sqlite:///absolute/path/to/file.db[?busy_timeout_ms=10000&synchronous=full|normal"
+    "&checkpoint_pages=16384]",
     "fdb:// (the default cluster file)",
     "fdb:///path/to/fdb.cluster[?timeout_ms=10000]",
 )
 
-_SQLITE_OPTIONS = {"busy_timeout_ms", "synchronous"}
+_SQLITE_OPTIONS = {"busy_timeout_ms", "synchronous", "checkpoint_pages"}
 _FDB_OPTIONS = {"timeout_ms"}
 
 
@@ -103,7 +104,11 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
     """
     parsed = parse_store_url(url)
     if parsed.scheme == "sqlite":
-        from millstream.state.sqlite import DEFAULT_BUSY_TIMEOUT_MS, SqliteStore
+        from millstream.state.sqlite import (
+            DEFAULT_BUSY_TIMEOUT_MS,
+            DEFAULT_CHECKPOINT_PAGES,
+            SqliteStore,
+        )
 
         assert parsed.path is not None
         sync = parsed.options.get("synchronous", "full").upper()
@@ -118,6 +123,9 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
                 url, parsed.options, "busy_timeout_ms", DEFAULT_BUSY_TIMEOUT_MS
             ),
             synchronous=sync,
+            checkpoint_pages=_int_option(
+                url, parsed.options, "checkpoint_pages", DEFAULT_CHECKPOINT_PAGES
+            ),
         )
     from millstream.state.fdb_backend import DEFAULT_TIMEOUT_MS, FdbStore
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from millstream.state.fdb_backend import load_fdb
         ("sqlite:///tmp/x.db?cache=big", "unknown option"),
         ("sqlite:///tmp/x.db?busy_timeout_ms=soon", "integer"),
         ("sqlite:///tmp/x.db?synchronous=off", "synchronous"),
+        ("sqlite:///tmp/x.db?checkpoint_pages=-1", "checkpoint_pages must be >= 0"),
         ("fdb://host:4500", "cluster file"),
     ],
 )
@@ -41,6 +43,17 @@ def test_good_urls_parse() -> None:
     assert parse_store_url("fdb:///etc/foundationdb/fdb.cluster").path == (
         "/etc/foundationdb/fdb.cluster"
     )
+
+
+def test_checkpoint_pages_bound_the_log(tmp_path: Path) -> None:
+    path = tmp_path / "small-log.db"
+    store = open_store(f"sqlite:///{path}?checkpoint_pages=8")
+    for i in range(40):
+        store.transact(lambda t, i=i: t.set(("k", i), bytes(8_000)))
+    # Every commit writes at least three pages; the log is copied back after eight, and
+    # the next commit starts it over.
+    assert os.stat(f"{path}-wal").st_size < 40 * 4096
+    store.close()
 
 
 def test_missing_directory_is_unavailable(tmp_path: Path) -> None:
