@@ -120,8 +120,9 @@ class KeepSmallest(CommitReporter):
     """Per key: the row count and the three smallest payloads, merged with the stored state.
 
     Each commit reads the stored state of the batch's keys, merges it with the batch's rows
-    (sort by key and payload, keep the first three per key) and writes it back; the count is
-    an atomic add. The result does not depend on the order in which rows arrive.
+    (sort by key and payload, keep the first three per key) and writes back the keys whose
+    three smallest changed; the count is an atomic add. The result does not depend on the
+    order in which rows arrive.
     """
 
     def _merge(
@@ -152,12 +153,17 @@ class KeepSmallest(CommitReporter):
         return _table(batch).group_by("key", use_threads=False).aggregate([([], "count_all")])
 
     def write(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        counts = self._counts(batch)
+        counts = self._counts(batch).sort_by("key")
         keys = counts["key"].combine_chunks()
         txn.add_many(("count",), keys, counts["count_all"].combine_chunks())
         stored = txn.get_many(("smallest",), keys)
         merged_keys, smallest = self._merge(batch, stored, keys)
-        txn.set_many(("smallest",), pa.array(merged_keys), smallest.cast(pa.binary()))
+        # Both are in key order. Once a key has many rows, a new row rarely displaces one
+        # of its three smallest: write only the keys whose three smallest changed.
+        smallest = smallest.cast(pa.binary())
+        old = pa.array(stored, pa.binary())
+        changed = pc.fill_null(pc.not_equal(old, smallest), True)
+        txn.set_many(("smallest",), pa.array(merged_keys).filter(changed), smallest.filter(changed))
 
     def compute(self, batch: pa.RecordBatch) -> None:
         self._counts(batch)

@@ -101,6 +101,9 @@ def build_processor(
 
 def run_child(args: argparse.Namespace) -> None:
     """In the measured child: run the processor to the end and report its summary."""
+    from millstream.runner.local import start_fork_server
+
+    start_fork_server()  # as `millstream run` does: its imports overlap the rest of start-up
     opts = MillstreamOptions(**json.loads(args.options))
     run_dir = Path(args.run_dir)
     processor = build_processor(
@@ -295,6 +298,11 @@ def measure(
         "rows_per_file": workload.spec.rows_per_file,
         "commits": len(commits),
         "summary": summary,
+        "process_writes": [
+            {"name": p.name, "cmd": p.cmdline[:100], "write_bytes": p.written}
+            for p in report.processes
+            if p.written
+        ],
     }
     if opts.bookkeeping_run:
         log("    again without output writes: the bookkeeping alone")
