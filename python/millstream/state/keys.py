@@ -171,14 +171,9 @@ def encode_keys(base: bytes, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -
         kind = keys.type
         if pa.types.is_integer(kind):
             return _encode_int_array(base, keys)
-        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            values = keys.to_pylist()
-            enc = _encode_str  # type: ignore[assignment]
-        elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-            values = keys.to_pylist()
-            enc = _encode_bytes  # type: ignore[assignment]
-        else:
-            values = keys.to_pylist()
-            return [base + pack((v,)) for v in values]
-        return [base + enc(v) for v in values]
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            return [base + _encode_str(v) for v in keys.to_pylist()]
+        if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            return [base + _encode_bytes(v) for v in keys.to_pylist()]
+        return [base + pack((v,)) for v in keys.to_pylist()]
     return [base + pack((v,)) for v in keys]
