@@ -51,7 +51,17 @@ class StoreLimitError(StoreError):
 
 
 class TransactionTooLargeError(StoreLimitError):
-    """A transaction's writes exceed the size limit (10 MB, as in FoundationDB)."""
+    """A transaction's writes exceed the size limit (10 MB, as in FoundationDB).
+
+    Attributes:
+        size: Bytes the transaction reached when it crossed the limit (``None``: unknown).
+        limit: The limit in bytes (``None``: unknown).
+    """
+
+    def __init__(self, message: str, *, size: int | None = None, limit: int | None = None):
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
 
 
 class KeyTooLargeError(StoreLimitError):

@@ -61,7 +61,9 @@ class StoreLimits:
                 f"transaction size {size} bytes exceeds the {self.max_transaction_bytes}-byte "
                 "transaction limit (FoundationDB's). Commit more often: lower the reducer "
                 "batch size (rows or bytes per commit) or split the writes over several "
-                "transactions."
+                "transactions.",
+                size=size,
+                limit=self.max_transaction_bytes,
             )
 
     def check_age(self, elapsed: float) -> None:

@@ -91,6 +91,7 @@ class ReducerWorker:
         self.last_error = ""
         self.started_at = clock.now()
         self._fetch_scale = 1.0
+        self.last_write_size = 0
         self.capped = False
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
@@ -196,12 +197,11 @@ class ReducerWorker:
                     f"({'; '.join(ranges)}) exceed the store's transaction limits: {exc}. "
                     "Write less per row (FoundationDB: 10 MB and 5 s per transaction)"
                 ) from exc
-            self._fetch_scale = max(self._fetch_scale / 2, 1e-9)
+            self._rescale(getattr(exc, "size", None), getattr(exc, "limit", None), failed=True)
             self._note_error("commit", exc)
             return False
         if committed:
-            if self._fetch_scale < 1.0:
-                self._fetch_scale = min(1.0, self._fetch_scale * 1.25)
+            self._rescale(self.last_write_size, self.store.limits.max_transaction_bytes)
             if self.tuning.acknowledge_commits:
                 self.acknowledge(calls, new, senders)
             self._notify_commit()
@@ -213,6 +213,22 @@ class ReducerWorker:
             self.user.on_commit()
         except Exception as exc:
             self._note_error("on_commit", exc)
+
+    def _rescale(self, size: int | None, limit: int | None, *, failed: bool = False) -> None:
+        """Size the next fetch so that the transaction's writes stay below the store's limit.
+
+        After a transaction that was too large, the fetch shrinks at least by half, and in
+        proportion when the size at which it failed is known. After a commit that was capped
+        below the full fetch, it grows in proportion to the room its writes left (at most
+        fourfold, aiming at 90 % of the limit).
+        """
+        scale = self._fetch_scale
+        ratio = 0.9 * limit / size if size and limit else None
+        if failed:
+            scale *= min(0.5, ratio) if ratio is not None else 0.5
+        elif scale < 1.0 or (ratio is not None and ratio < 1.0):
+            scale *= min(4.0, max(0.5, ratio)) if ratio is not None else 1.25
+        self._fetch_scale = min(1.0, max(scale, 1e-9))
 
     def acknowledge(
         self, calls: list[GetRowsCall], committed: list[int], mappers: list[int]
@@ -292,6 +308,7 @@ class ReducerWorker:
             txn.add(reduced_key(self.index, "rows"), batch.num_rows)
             txn.add(reduced_key(self.index, "bytes"), fetched)
             txn.add(reduced_key(self.index, "commits"), 1)
+            size = txn.write_size
             txn.commit()
         except StoreConflictError:
             txn.reset()
@@ -301,6 +318,7 @@ class ReducerWorker:
             txn.reset()
             raise
         self.last_state = new
+        self.last_write_size = size
         self.commits += 1
         self.rows_reduced += batch.num_rows
         self.bytes_fetched += fetched
