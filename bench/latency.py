@@ -1,0 +1,555 @@
+"""Latency from append to commit through the store-backed queue, at a fixed offered rate.
+
+The pipeline (:mod:`bench.queue_pipeline`): a producer process appends rows of the
+benchmark shape (int64 key over 100,000 keys, int64 value, 64-byte payload, plus the
+append time) to a :class:`millstream.inputs.StoreQueue` in the embedded SQLite store, in
+small batches on a fixed schedule; two mappers pre-aggregate each batch, two reducers add
+the sums into the store exactly once (local runner, one process per worker). The latency
+of a row is the time its reducer transaction committed (taken in ``Reducer.on_commit``)
+minus the time it was appended (taken just before the append transaction), for every row.
+
+Three measurements:
+
+1. **Peak** (``--mode ramp``): the producer offers rising rates (``--ramp-start`` rows/s,
+   times ``--ramp-factor`` every ``--step-seconds``) until the pipeline falls behind. A
+   step is *sustained* when the producer kept its schedule (>= 97 % of the offered rate),
+   the latency of the step's rows did not grow (least-squares slope of latency against
+   append time <= 0.05 s/s) and their p99 stayed under 1 s. The peak is the highest
+   sustained step below the first that is not. ``--mode drain`` measures the consumer
+   alone instead: a pre-filled queue drained with no producer running.
+2. **Latency at half of peak** (``--mode fixed``, the default after the ramp): one fixed
+   rate for ``--seconds``; figures over the rows appended after ``--warmup`` seconds.
+3. **Tuning sweep** (``--sweep name=v1,v2,...``): the fixed-rate run for each value of
+   one knob (``commit_interval``, ``idle_seconds``, ``batch_rows``, ``trim_period``,
+   ``tick``, ``synchronous``).
+
+Every run checks exactness at the end: the producer seals the queue, the processor drains,
+and every key's committed sum and the committed row count must equal what the producer
+appended (and ``on_commit`` must have reported every row).
+
+Run (the figures in the report)::
+
+    .venv/bin/python -m bench.latency                       # ramp, then half of its peak
+    .venv/bin/python -m bench.latency --mode fixed --rate 200000 --seconds 30
+    .venv/bin/python -m bench.latency --mode fixed --rate 200000 \\
+        --sweep commit_interval=0.01,0.02,0.05,0.1,0.2
+    .venv/bin/python -m bench.latency --mode drain --drain-rows 3000000
+
+Raw results: ``bench/results/latency/*.json``; the table also goes to
+``bench/results/latency/table.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import millstream as ms
+import numpy as np
+
+from bench.latency_stats import (
+    fmt_ms,
+    gap_summary,
+    summarize_latency,
+    timeline,
+    weighted_slope,
+)
+from bench.queue_pipeline import (
+    ROW_BYTES,
+    Pipeline,
+    ProducerHandle,
+    ProducerPlan,
+    ProducerResult,
+    Samples,
+    Step,
+    loadavg,
+    log,
+    tuning_dict,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results" / "latency"
+SUSTAINED_SLOPE = 0.05
+SUSTAINED_P99 = 1.0
+SUSTAINED_PRODUCER = 0.97
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """Knobs shared with :mod:`bench.recovery`."""
+    d = ms.Tuning()
+    parser.add_argument("--mappers", type=int, default=2, help="queue partitions / mappers")
+    parser.add_argument("--reducers", type=int, default=2)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--tick", type=float, default=0.01, help="seconds between producer appends")
+    parser.add_argument(
+        "--commit-interval",
+        type=float,
+        default=0.05,
+        help=f"Tuning.commit_interval_seconds (library default {d.commit_interval_seconds})",
+    )
+    parser.add_argument("--batch-rows", type=int, default=d.batch_rows)
+    parser.add_argument("--idle-seconds", type=float, default=d.idle_seconds)
+    parser.add_argument("--trim-period", type=float, default=d.trim_period_seconds)
+    parser.add_argument("--heartbeat", type=float, default=d.heartbeat_seconds)
+    parser.add_argument("--rpc-timeout", type=float, default=d.rpc_timeout_seconds)
+    parser.add_argument(
+        "--synchronous", choices=["full", "normal"], default="full", help="SQLite synchronous"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the run's store")
+
+
+def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
+    """The worker knobs of a run."""
+    return ms.Tuning(
+        commit_interval_seconds=args.commit_interval,
+        batch_rows=args.batch_rows,
+        idle_seconds=args.idle_seconds,
+        trim_period_seconds=args.trim_period,
+        heartbeat_seconds=args.heartbeat,
+        rpc_timeout_seconds=args.rpc_timeout,
+    )
+
+
+def make_pipeline(args: argparse.Namespace, label: str) -> Pipeline:
+    """A fresh pipeline for one run."""
+    return Pipeline(
+        RESULTS / "runs" / label,
+        tuning_from_args(args),
+        num_mappers=args.mappers,
+        num_reducers=args.reducers,
+        keys=args.keys,
+        store_options="" if args.synchronous == "full" else f"synchronous={args.synchronous}",
+    )
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What was measured, for the JSON."""
+    return {
+        "mappers": args.mappers,
+        "reducers": args.reducers,
+        "keys": args.keys,
+        "tick_s": args.tick,
+        "synchronous": args.synchronous,
+        "tuning": tuning_dict(tuning_from_args(args)),
+    }
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def analyze(samples: Samples, begin: float, end: float) -> dict[str, Any]:
+    """Figures over the rows appended in ``[begin, end)``.
+
+    Latency (commit - append) and its parts: append to map (the queue, the mapper's
+    polling and its store transactions), map to fetch (waiting in the window for the
+    reducer's next round: the commit interval), fetch to commit (reduce, commit, and the
+    acknowledgement GetRows that runs before ``on_commit``).
+    """
+    s = samples.select((samples.append >= begin) & (samples.append < end))
+    out: dict[str, Any] = {"window_s": [begin, end], "rows": s.total_rows}
+    if not s.total_rows:
+        return out
+    out["latency"] = summarize_latency(s.latency, s.rows)
+    out["append_to_map"] = summarize_latency(s.mapped - s.append, s.rows)
+    out["map_to_fetch"] = summarize_latency(s.fetch - s.mapped, s.rows)
+    out["fetch_to_commit"] = summarize_latency(s.commit - s.fetch, s.rows)
+    out["slope"] = weighted_slope(s.append, s.latency, s.rows)
+    commits = s.commits()
+    out["commit_gaps"] = {str(r): gap_summary(t) for r, t in commits.items()}
+    n_commits = sum(len(t) for t in commits.values())
+    out["commits"] = n_commits
+    out["rows_per_commit"] = s.total_rows / max(1, n_commits)
+    span = s.commit.max() - s.commit.min()
+    out["committed_rate"] = s.total_rows / span if span > 0 else math.nan
+    return out
+
+
+def step_verdict(step: dict[str, Any], figures: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the pipeline sustained a ramp step, and why not."""
+    reasons = []
+    if step["achieved_rate"] < SUSTAINED_PRODUCER * step["rate"]:
+        reasons.append(
+            f"producer reached {step['achieved_rate']:,.0f} of {step['rate']:,.0f} rows/s"
+        )
+    if not figures.get("rows"):
+        reasons.append("no rows committed")
+    else:
+        if figures["slope"] > SUSTAINED_SLOPE:
+            reasons.append(f"latency grew {figures['slope']:.3f} s/s")
+        if figures["latency"]["p99"] > SUSTAINED_P99:
+            reasons.append(f"p99 {figures['latency']['p99']:.2f} s")
+    if step.get("stopped_early"):
+        reasons.append("stopped early (backlog)")
+    return not reasons, "; ".join(reasons)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _progress(
+    pipeline: Pipeline, t0: float, producer: ProducerHandle, last: dict[str, float]
+) -> tuple[int, int]:
+    """One progress line; returns (appended, committed)."""
+    appended = sum(pipeline.queue_ends())
+    committed = pipeline.collector.rows
+    now = time.time()
+    samples = pipeline.collector.samples()
+    recent = samples.select(samples.commit >= now - 2.0)
+    lat = summarize_latency(recent.latency, recent.rows) if recent.total_rows else {}
+    statuses = pipeline.statuses()
+    windows = [
+        int(statuses.get(("mapper", m), {}).get("window_rows", 0))
+        for m in range(pipeline.num_mappers)
+    ]
+    rate = (committed - last.get("committed", 0)) / max(1e-9, now - last.get("time", t0))
+    last.update(committed=committed, time=now)
+    step = producer.steps[-1]["rate"] if producer.steps else float("nan")
+    log(
+        f"  {now - t0:6.1f} s  appended {appended:,}  committed {committed:,} "
+        f"({rate:,.0f} rows/s)  backlog {appended - committed:,}  last 2 s: p50 "
+        f"{fmt_ms(lat.get('p50'))} ms p99 {fmt_ms(lat.get('p99'))} ms  windows {windows}  "
+        f"[last step done: {step:,.0f} rows/s]  load {loadavg().split()[0]}"
+    )
+    return appended, committed
+
+
+def _finish(
+    pipeline: Pipeline, producer: ProducerHandle, timeout: float = 600
+) -> tuple[ProducerResult, Any, dict[str, Any]]:
+    produced = producer.result(timeout)
+    summary = pipeline.wait(timeout)
+    verified = pipeline.verify(produced)
+    log(f"  {verified['summary']}")
+    return produced, summary, verified
+
+
+def run_fixed(args: argparse.Namespace, rate: float, label: str) -> dict[str, Any]:
+    """One fixed offered rate for ``args.seconds``; figures after ``args.warmup``."""
+    log(
+        f"{label}: {rate:,.0f} rows/s for {args.seconds:.0f} s, commit interval "
+        f"{args.commit_interval} s, idle {args.idle_seconds} s, tick {args.tick} s"
+    )
+    load_before = loadavg()
+    pipeline = make_pipeline(args, label)
+    try:
+        plan = ProducerPlan(
+            steps=(Step(args.seconds, rate),), tick_seconds=args.tick, keys=args.keys
+        )
+        pipeline.start(timeout=args.seconds + 600)
+        producer = pipeline.producer(plan)
+        t0 = time.time()
+        last: dict[str, float] = {}
+        while producer.poll(2.0) is None:
+            if pipeline.failed():
+                raise RuntimeError(f"the processor failed: {pipeline.failed()}")
+            _progress(pipeline, t0, producer, last)
+        produced, summary, verified = _finish(pipeline, producer)
+        samples = pipeline.collector.samples()
+        step = produced.steps[0]
+        figures = analyze(samples, step["start"] + args.warmup, step["end"])
+        whole = analyze(samples, step["start"], step["end"])
+        result = {
+            "label": label,
+            "mode": "fixed",
+            "offered_rate": step["rate"],
+            "producer": step,
+            "steady": figures,
+            "whole": {k: whole[k] for k in ("rows", "latency") if k in whole},
+            "timeline": timeline(
+                samples.append, samples.latency, samples.rows, start=step["start"]
+            ),
+            "verified": verified,
+            "summary": str(summary),
+            "settings": {**settings(args), "seconds": args.seconds, "warmup_s": args.warmup},
+            "load": [load_before, loadavg()],
+        }
+    finally:
+        pipeline.close(keep=args.keep)
+    _save(result, label)
+    _print_fixed(result)
+    return result
+
+
+def ramp_steps(args: argparse.Namespace) -> list[Step]:
+    """Geometric rates from ``--ramp-start`` up to ``--ramp-max``."""
+    steps = []
+    rate = args.ramp_start
+    while rate <= args.ramp_max:
+        steps.append(Step(args.step_seconds, round(rate, -3)))
+        rate *= args.ramp_factor
+    return steps
+
+
+def run_ramp(args: argparse.Namespace, label: str) -> dict[str, Any]:
+    """Rising offered rates until the pipeline falls behind; returns the peak."""
+    steps = ramp_steps(args)
+    log(
+        f"{label}: ramp {steps[0].rate:,.0f} to {steps[-1].rate:,.0f} rows/s, x{args.ramp_factor} "
+        f"every {args.step_seconds:.0f} s, commit interval {args.commit_interval} s"
+    )
+    load_before = loadavg()
+    pipeline = make_pipeline(args, label)
+    try:
+        plan = ProducerPlan(steps=tuple(steps), tick_seconds=args.tick, keys=args.keys)
+        pipeline.start(timeout=len(steps) * args.step_seconds + 900)
+        producer = pipeline.producer(plan)
+        t0 = time.time()
+        last: dict[str, float] = {}
+        behind = 0
+        stopped = False
+        while producer.poll(2.0) is None:
+            if pipeline.failed():
+                raise RuntimeError(f"the processor failed: {pipeline.failed()}")
+            appended, committed = _progress(pipeline, t0, producer, last)
+            current = steps[min(len(producer.steps), len(steps) - 1)].rate
+            if not stopped and appended - committed > max(100_000, 2.0 * current):
+                behind += 1
+                if behind >= 2:
+                    log(f"  backlog above 2 s of input at {current:,.0f} rows/s: stopping the ramp")
+                    producer.stop()
+                    stopped = True
+            else:
+                behind = 0
+        produced, summary, verified = _finish(pipeline, producer, timeout=900)
+        samples = pipeline.collector.samples()
+        verdicts = []
+        peak = 0.0
+        failed = False
+        for step in produced.steps:
+            # The first second of a step still carries the previous rate's queue.
+            figures = analyze(samples, step["start"] + min(1.0, step["seconds"] / 4), step["end"])
+            ok, why = step_verdict(step, figures)
+            if ok and not failed:
+                peak = step["rate"]
+            failed = failed or not ok
+            verdicts.append(
+                {
+                    "rate": step["rate"],
+                    "achieved_rate": step["achieved_rate"],
+                    "sustained": ok,
+                    "why_not": why,
+                    "figures": figures,
+                    "producer": step,
+                }
+            )
+            lat = figures.get("latency", {})
+            log(
+                f"  step {step['rate']:>10,.0f} rows/s: producer {step['achieved_rate']:>10,.0f}, "
+                f"p50 {fmt_ms(lat.get('p50'))} ms, p99 {fmt_ms(lat.get('p99'))} ms, slope "
+                f"{figures.get('slope', float('nan')):.3f} s/s: "
+                f"{'sustained' if ok else 'NOT sustained (' + why + ')'}"
+            )
+        result = {
+            "label": label,
+            "mode": "ramp",
+            "peak_rate": peak,
+            "steps": verdicts,
+            "verified": verified,
+            "summary": str(summary),
+            "settings": {
+                **settings(args),
+                "ramp_start": args.ramp_start,
+                "ramp_factor": args.ramp_factor,
+                "step_seconds": args.step_seconds,
+            },
+            "load": [load_before, loadavg()],
+        }
+    finally:
+        pipeline.close(keep=args.keep)
+    _save(result, label)
+    log(f"{label}: peak sustained rate {peak:,.0f} rows/s ({verified['summary']})")
+    return result
+
+
+def run_drain(args: argparse.Namespace, label: str) -> dict[str, Any]:
+    """A pre-filled, sealed queue drained with no producer running: the consumer's peak."""
+    log(f"{label}: pre-filling {args.drain_rows:,} rows, then draining")
+    load_before = loadavg()
+    pipeline = make_pipeline(args, label)
+    try:
+        plan = ProducerPlan(steps=(), prefill_rows=args.drain_rows, keys=args.keys)
+        producer = pipeline.producer(plan)
+        produced = producer.result()
+        log(f"  pre-filled in {produced.prefill['seconds']:.1f} s; starting the processor")
+        start = time.time()
+        pipeline.start(timeout=900)
+        summary = pipeline.wait(900)
+        end = time.time()
+        verified = pipeline.verify(produced)
+        log(f"  {verified['summary']}")
+        samples = pipeline.collector.samples()
+        first = float(samples.commit.min())
+        last = float(samples.commit.max())
+        after_first = samples.select(samples.commit > first).total_rows
+        result = {
+            "label": label,
+            "mode": "drain",
+            "rows": produced.rows,
+            "start_to_last_commit_s": last - start,
+            "first_commit_s": first - start,
+            "rate_whole": produced.rows / (last - start),
+            "rate_once_running": after_first / (last - first) if last > first else math.nan,
+            "wall_s": end - start,
+            "commits": int(sum(len(t) for t in samples.commits().values())),
+            "verified": verified,
+            "summary": str(summary),
+            "settings": {**settings(args), "drain_rows": args.drain_rows},
+            "load": [load_before, loadavg()],
+        }
+    finally:
+        pipeline.close(keep=args.keep)
+    _save(result, label)
+    log(
+        f"{label}: {result['rate_whole']:,.0f} rows/s from start to last commit, "
+        f"{result['rate_once_running']:,.0f} rows/s after the first commit "
+        f"({result['first_commit_s']:.2f} s)"
+    )
+    return result
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _save(result: dict[str, Any], label: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{label}.json").write_text(json.dumps(result, indent=2, default=float))
+
+
+def _print_fixed(result: dict[str, Any]) -> None:
+    s = result["steady"]
+    if "latency" not in s:
+        log(f"{result['label']}: no rows in the steady window")
+        return
+    lat = s["latency"]
+    log(
+        f"{result['label']}: offered {result['offered_rate']:,.0f} rows/s, committed "
+        f"{s['committed_rate']:,.0f} rows/s; latency p50 {fmt_ms(lat['p50'])} ms, p90 "
+        f"{fmt_ms(lat['p90'])}, p99 {fmt_ms(lat['p99'])}, p99.9 {fmt_ms(lat['p99.9'])}, max "
+        f"{fmt_ms(lat['max'])}; append->map p99 {fmt_ms(s['append_to_map']['p99'])}, "
+        f"map->fetch p99 {fmt_ms(s['map_to_fetch']['p99'])}, fetch->commit p99 "
+        f"{fmt_ms(s['fetch_to_commit']['p99'])}; {result['verified']['summary']}"
+    )
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The markdown table of fixed-rate runs."""
+    lines = [
+        "| run | offered rows/s | committed rows/s | MB/s | commit interval (set / median) "
+        "| rows/commit | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | append→map p99 "
+        "| map→fetch p99 | fetch→commit p99 | producer append p99 ms | exact | load (1-min, "
+        "before/after) |",
+        "|" + "---|" * 17,
+    ]
+    for r in results:
+        if r.get("mode") != "fixed" or "latency" not in r["steady"]:
+            continue
+        s = r["steady"]
+        lat = s["latency"]
+        gaps = [g.get("median", math.nan) for g in s["commit_gaps"].values()]
+        lines.append(
+            f"| {r['label']} | {r['offered_rate']:,.0f} | {s['committed_rate']:,.0f} | "
+            f"{s['committed_rate'] * ROW_BYTES / 1e6:.1f} | "
+            f"{r['settings']['tuning']['commit_interval_seconds']} / "
+            f"{fmt_ms(float(np.nanmedian(gaps)) if gaps else math.nan)} ms | "
+            f"{s['rows_per_commit']:,.0f} | {fmt_ms(lat['p50'])} | {fmt_ms(lat['p90'])} | "
+            f"{fmt_ms(lat['p99'])} | {fmt_ms(lat['p99.9'])} | {fmt_ms(lat['max'])} | "
+            f"{fmt_ms(s['append_to_map']['p99'])} | {fmt_ms(s['map_to_fetch']['p99'])} | "
+            f"{fmt_ms(s['fetch_to_commit']['p99'])} | "
+            f"{r['producer']['append'].get('p99_ms', math.nan):.1f} | "
+            f"{'yes' if r['verified']['ok'] else 'NO'} | "
+            f"{r['load'][0].split()[0]} / {r['load'][1].split()[0]} |"
+        )
+    return "\n".join(lines)
+
+
+def ramp_table(result: dict[str, Any]) -> str:
+    """The markdown table of a ramp."""
+    lines = [
+        "| offered rows/s | producer rows/s | p50 ms | p99 ms | slope s/s | sustained |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in result["steps"]:
+        lat = v["figures"].get("latency", {})
+        lines.append(
+            f"| {v['rate']:,.0f} | {v['achieved_rate']:,.0f} | {fmt_ms(lat.get('p50'))} | "
+            f"{fmt_ms(lat.get('p99'))} | {v['figures'].get('slope', math.nan):.3f} | "
+            f"{'yes' if v['sustained'] else 'no: ' + v['why_not']} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+
+_SWEEP = {
+    "commit_interval": ("commit_interval", float),
+    "idle_seconds": ("idle_seconds", float),
+    "batch_rows": ("batch_rows", int),
+    "trim_period": ("trim_period", float),
+    "tick": ("tick", float),
+    "synchronous": ("synchronous", str),
+    "heartbeat": ("heartbeat", float),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--mode",
+        choices=["auto", "ramp", "fixed", "drain"],
+        default="auto",
+        help="auto: ramp, then a fixed run at half of its peak",
+    )
+    parser.add_argument("--rate", type=float, default=None, help="fixed offered rate, rows/s")
+    parser.add_argument("--seconds", type=float, default=30.0, help="fixed run length")
+    parser.add_argument("--warmup", type=float, default=5.0, help="left out of fixed figures")
+    parser.add_argument("--ramp-start", type=float, default=100_000)
+    parser.add_argument("--ramp-factor", type=float, default=1.25)
+    parser.add_argument("--ramp-max", type=float, default=4_000_000)
+    parser.add_argument("--step-seconds", type=float, default=8.0)
+    parser.add_argument("--drain-rows", type=int, default=3_000_000)
+    parser.add_argument("--sweep", default="", help="name=v1,v2,...: one fixed run per value")
+    parser.add_argument("--tag", default="", help="suffix of result file names")
+    add_pipeline_arguments(parser)
+    args = parser.parse_args()
+    tag = f"-{args.tag}" if args.tag else ""
+    results: list[dict[str, Any]] = []
+    if args.mode == "drain":
+        run_drain(args, f"drain-{args.drain_rows}{tag}")
+        return
+    rate = args.rate
+    if args.mode in ("auto", "ramp") and rate is None:
+        ramp = run_ramp(args, f"ramp-ci{args.commit_interval}{tag}")
+        print(ramp_table(ramp))
+        if args.mode == "ramp":
+            return
+        rate = ramp["peak_rate"] / 2
+        if rate <= 0:
+            sys.exit("no ramp step was sustained")
+    if rate is None:
+        sys.exit("--mode fixed needs --rate")
+    if args.sweep:
+        name, _, values = args.sweep.partition("=")
+        if name not in _SWEEP:
+            sys.exit(f"--sweep: unknown knob {name!r}; choose from {sorted(_SWEEP)}")
+        attr, kind = _SWEEP[name]
+        for value in values.split(","):
+            run_args = argparse.Namespace(**{**vars(args), attr: kind(value)})
+            results.append(run_fixed(run_args, rate, f"fixed-{rate:.0f}-{name}={value}{tag}"))
+    else:
+        results.append(run_fixed(args, rate, f"fixed-{rate:.0f}-ci{args.commit_interval}{tag}"))
+    text = table(results)
+    print(text)
+    (RESULTS / f"table{tag}.md").write_text(text + "\n")
+    if not all(r["verified"]["ok"] for r in results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
