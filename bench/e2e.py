@@ -3,7 +3,7 @@
 Workloads (see :mod:`bench.workload`): ``keyed_sum`` (sum of value per key) and
 ``smallest`` (per key the count and three smallest payloads). Systems: ``spark`` (Spark
 Structured Streaming, :mod:`bench.spark_structured_streaming`) and ``millstream``
-(:mod:`bench.millstream_runner`, an integration point not written yet). Every run is
+(:mod:`bench.millstream_runner`, the local runner). Every run is
 verified key by key; the process exits with status 1 if a run is wrong or a requested
 system is unavailable, after printing the table.
 
@@ -83,7 +83,9 @@ def run_one(
             )
         result = spark_structured_streaming.measure(workload, kind, opts, log=log)
     else:
-        result = millstream_runner.measure(workload, kind, log=log)
+        result = millstream_runner.measure(
+            workload, kind, millstream_runner.options_from_args(args), log=log
+        )
     print_result(result, log)
     return result
 
@@ -101,6 +103,7 @@ COLUMNS: list[tuple[str, Callable[[RunResult], float], int]] = [
     ("first commit (s)", lambda r: r.first_commit_seconds, 1),
     ("wall (s)", lambda r: r.wall_seconds, 1),
     ("median batch (s)", lambda r: r.summary()["batch_s_median"], 2),
+    ("batches", lambda r: len(r.batches), 0),
     ("written / input byte", lambda r: r.per_input_byte("total"), 3),
     ("state / input byte", lambda r: r.per_input_byte("state"), 3),
     ("output / input byte", lambda r: r.per_input_byte("output"), 3),
@@ -206,6 +209,7 @@ def main() -> None:
     )
     add_spec_arguments(parser)
     spark_structured_streaming.add_spark_arguments(parser)
+    millstream_runner.add_millstream_arguments(parser)
     args = parser.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     kinds = [w for w in args.workloads.split(",") if w]

@@ -20,10 +20,18 @@ Counters (see ``Documentation/filesystems/proc.rst``, "/proc/<pid>/io"):
 * ``wchar``: bytes passed to ``write``-family system calls, whether or not they reach a disk
   (pipes and sockets included); kept for reference only.
 
-Limits. Bytes written by a process between its last sample and its exit are missed, and so
-is a process that lives less than one interval; for the direct child of
-:func:`run_subprocess` the ``wait4`` resource usage (``ru_oublock``: ``write_bytes`` of the
-child and every descendant it reaped, in 512-byte blocks) is returned as a cross-check.
+Reaped children. When a process reaps an exited child, the kernel adds the child's counters
+to the parent's ``/proc/<pid>/io`` (``wait_task_zombie``), so a forking server or daemon
+would count its workers' writes a second time. A child that was seen to exit while its
+parent was tracked is therefore subtracted from the parent (with the child's last reading:
+writes of the child after its last sample stay charged to the parent, so they are not
+lost), once the parent has been sampled after the child's exit.
+
+Limits. Bytes written by a process between its last sample and its exit are missed unless
+a tracked parent reaps it, and so is a process that lives less than one interval; for the
+direct child of :func:`run_subprocess` the ``wait4`` resource usage (``ru_oublock``:
+``write_bytes`` of the child and every descendant it reaped, in 512-byte blocks) is
+returned as a cross-check.
 File-system metadata and journal writes (ext4's ``jbd2`` thread) and writeback by the
 kernel on behalf of ``mmap``-ed files are not charged to the process. Reading another user's
 ``/proc/<pid>/io`` needs privileges; unreadable processes are counted as zero.
@@ -63,21 +71,51 @@ class ProcessIO:
     hwm_bytes: int = 0
     baseline: tuple[int, int, int, int] = (0, 0, 0, 0)
     alive: bool = True
+    ppid: int = 0
+    last_sample: int = -1
+    gone_sample: int = -1
+    reaped: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    @property
+    def counters(self) -> tuple[int, int, int, int]:
+        """The raw last reading: write, cancelled write, wchar, read bytes."""
+        return (self.write_bytes, self.cancelled_write_bytes, self.wchar, self.read_bytes)
 
     @property
     def written(self) -> int:
-        """``write_bytes`` since tracking began."""
-        return self.write_bytes - self.baseline[0]
+        """``write_bytes`` since tracking began, without reaped children's."""
+        return self.write_bytes - self.baseline[0] - self.reaped[0]
 
     @property
     def cancelled(self) -> int:
-        """``cancelled_write_bytes`` since tracking began."""
-        return self.cancelled_write_bytes - self.baseline[1]
+        """``cancelled_write_bytes`` since tracking began, without reaped children's."""
+        return self.cancelled_write_bytes - self.baseline[1] - self.reaped[1]
 
     @property
     def wchar_delta(self) -> int:
-        """``wchar`` since tracking began."""
-        return self.wchar - self.baseline[2]
+        """``wchar`` since tracking began, without reaped children's."""
+        return self.wchar - self.baseline[2] - self.reaped[2]
+
+
+def _subtract_reaped(procs: list[ProcessIO]) -> None:
+    """Take each exited child's counters off the tracked parent that reaped it."""
+    by_pid: dict[int, list[ProcessIO]] = {}
+    for p in procs:
+        by_pid.setdefault(p.pid, []).append(p)
+    for child in procs:
+        if child.alive:
+            continue
+        parents = [
+            p
+            for p in by_pid.get(child.ppid, [])
+            if p.start_time <= child.start_time and p.last_sample >= child.gone_sample
+        ]
+        if not parents:
+            continue
+        parent = max(parents, key=lambda p: p.start_time)
+        parent.reaped = tuple(  # type: ignore[assignment]
+            a + b for a, b in zip(parent.reaped, child.counters, strict=True)
+        )
 
 
 @dataclass
@@ -250,6 +288,7 @@ class ProcessTreeMeter:
         for ident, p in self._tracked.items():
             if p.alive and ident not in live_ids:
                 p.alive = False
+                p.gone_sample = self._samples
         rss = pss = 0
         read_pss = self._pss_every > 0 and self._samples % self._pss_every == 0
         for pid in tracked_pids:
@@ -274,6 +313,7 @@ class ProcessTreeMeter:
                     proc.baseline = counters
                 self._tracked[ident] = proc
             (proc.write_bytes, proc.cancelled_write_bytes, proc.wchar, proc.read_bytes) = counters
+            proc.ppid, proc.last_sample = st[0], self._samples
             proc.rss_bytes = status.get("VmRSS", 0)
             proc.hwm_bytes = max(proc.hwm_bytes, status.get("VmHWM", 0))
             if read_pss:
@@ -293,6 +333,7 @@ class ProcessTreeMeter:
         """The figures so far."""
         with self._lock:
             procs = [ProcessIO(**vars(p)) for p in self._tracked.values()]
+            _subtract_reaped(procs)
             return IOReport(
                 processes=procs,
                 peak_rss_bytes=self._peak_rss,
