@@ -84,6 +84,7 @@ class Transaction(ABC):
         self._store = store
         self._prefix = store.prefix_bytes
         self._limits = store.limits
+        self._clock = store.clock
         self._started: float | None = None
         self._size = 0
 
@@ -101,7 +102,7 @@ class Transaction(ABC):
 
     def _start(self) -> None:
         """Note the first operation; reads past the time limit fail (as on FoundationDB)."""
-        now = time.monotonic()
+        now = self._clock()
         if self._started is None:
             self._started = now
         else:
@@ -109,7 +110,7 @@ class Transaction(ABC):
 
     def _start_write(self) -> None:
         if self._started is None:
-            self._started = time.monotonic()
+            self._started = self._clock()
 
     def _grow(self, size: int) -> None:
         self._size += size
@@ -350,7 +351,7 @@ class Transaction(ABC):
             StoreUnavailableError: The store cannot be reached or stays locked.
         """
         if self._started is not None:
-            self._limits.check_age(time.monotonic() - self._started)
+            self._limits.check_age(self._clock() - self._started)
         self._raw_commit()
 
     def reset(self) -> None:
@@ -403,7 +404,13 @@ class Store(ABC):
     Open one with :func:`~millstream.state.open_store`. A store may be used from several
     threads (each transaction from one thread at a time) and pickled into child processes,
     which reopen it from its URL; no connection crosses a fork.
+
+    Attributes:
+        clock: Monotonic seconds, read to enforce the transaction time limit; the real
+            clock unless a simulation replaces it (it is not pickled).
     """
+
+    clock: Callable[[], float]
 
     def __init__(self, url: str, prefix: Key, limits: StoreLimits | None) -> None:
         if not isinstance(prefix, tuple):
@@ -414,6 +421,7 @@ class Store(ABC):
         self._prefix = prefix
         self._prefix_bytes = pack(prefix)
         self._limits = limits or DEFAULT_LIMITS
+        self.clock = time.monotonic
 
     @property
     def url(self) -> str:
