@@ -125,9 +125,13 @@ class MapperWorker:
         """Step 3 of 4.3.3: the persisted state must be the one this instance last saw."""
         txn = self.store.create_transaction()
         try:
-            current = read_mapper_state(txn, self.index)
+            self._verify_persisted(txn)
         finally:
             txn.reset()
+
+    def _verify_persisted(self, txn: Transaction) -> None:
+        """Raise :class:`SplitBrainError` if ``txn`` sees another persisted state."""
+        current = read_mapper_state(txn, self.index)
         if current != self.persisted:
             raise SplitBrainError(
                 f"mapper {self.index}: persisted state changed under this instance "
@@ -207,13 +211,22 @@ class MapperWorker:
         of its rows can be sent; everyone after follows that record. Records below the
         persisted input index are cleared by :meth:`trim_input_rows`.
 
+        The record is read and written with the persisted state checked in the same
+        transaction: another instance that persisted past ``begin`` since this one's last
+        check has cleared the records there, and recording a new cut would renumber rows
+        that reducers may already have committed.
+
         Returns:
             ``end``, or the end another instance recorded first.
+
+        Raises:
+            SplitBrainError: Another instance wrote this mapper's state.
         """
         key = plan_key(self.index, begin)
         for _ in range(10):
             txn = self.store.create_transaction()
             try:
+                self._verify_persisted(txn)
                 raw = txn.get(key)
                 if raw is not None:
                     return int(unpack(raw)[0])
