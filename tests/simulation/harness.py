@@ -5,20 +5,26 @@ one protocol step at a time by the test, against:
 
 - a real SQLite store in a temporary file, wrapped by :class:`FaultyStore` so that commits
   can fail with a conflict, fail *after being applied* (``CommitUnknownResultError``, as
-  FoundationDB reports), or the store can be unavailable;
+  FoundationDB reports), take longer than the five-second limit, or the store can be
+  unavailable; latency is modelled by running other steps while a worker's transaction is
+  being created or committed (:meth:`FaultPlan.stall`);
 - :class:`SimNetwork`, an in-process :class:`~millstream.rpc.client.RowsClient` that drops,
   duplicates, delays and reorders GetRows requests and responses, and can run other steps
   between a reducer's state read, the mappers' answers and the reducer's commit (so a
   response is stale by the time it is reduced);
-- :class:`SimInput`, an in-memory replayable input whose partitions can be unavailable and
-  which, like a real queue, forgets trimmed rows (a read below the trim point returns the
-  rows from the trim point on);
-- :class:`SimClock`, time that moves only when the harness says so.
+- :class:`SimInput`, an in-memory replayable input whose partitions grow, can be
+  unavailable, and, like a real queue, forget trimmed rows (a read below the trim point
+  returns the rows from the trim point on);
+- :class:`SimClock`, time that moves only when the harness says so; the store's
+  transaction-age check reads it too.
 
-There are no threads and no wall-clock reads in the harness: one sequence of steps always
-replays the same way. :class:`Checker` holds the oracle: the exact rows every mapper must
-produce, in shuffle order, so the store's contents can be compared with the committed
-indices after every step.
+The user's map either sends each mapped row on its own or pre-aggregates a batch (one row
+per reducer), so the shuffle numbering depends on where batches are cut, as with a real
+combining map; :class:`Oracle` learns the cuts from the map calls.
+
+There are no threads, no wall-clock reads and no random numbers: worker GUIDs are
+sequential and one sequence of steps (:attr:`Simulation.steps`) always replays the same way
+(:func:`replay`). The harness records a trace of what every step did.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from millstream.exceptions import (
     StaleMapperError,
     StoreConflictError,
     StoreUnavailableError,
+    TransactionTooLargeError,
 )
 from millstream.inputs.base import ReadResult
 from millstream.processor import Processor
@@ -60,6 +67,12 @@ from millstream.workers import MapperWorker, ReducerWorker
 
 # -- the user's code: every row's effect is a counter keyed by its identity ------------
 
+Item = tuple[int, int]
+"""One mapped row's identity within its mapper: ``(input row, copy)``."""
+
+Group = tuple[int, tuple[Item, ...]]
+"""One shuffled row: its reducer and the mapped rows it carries."""
+
 
 def fanout(mapper: int, row: int) -> int:
     """How many rows ``map`` makes of one input row: 0, 1 or 2 (0 exercises empty output)."""
@@ -71,45 +84,73 @@ def reducer_of(mapper: int, row: int, copy: int, num_reducers: int) -> int:
     return (mapper * 31 + row * 17 + copy * 5) % num_reducers
 
 
+def map_rows(
+    mapper: int, rows: Sequence[int], num_reducers: int, preaggregate: bool
+) -> list[Group]:
+    """What the user's map makes of one batch of input rows, in shuffle order.
+
+    Row-wise: one shuffled row per mapped row. Pre-aggregating: one shuffled row per reducer
+    (in order of first appearance) carrying all of the batch's rows for it, so the result
+    depends on the batch's boundaries.
+    """
+    items = [
+        (row, copy, reducer_of(mapper, row, copy, num_reducers))
+        for row in rows
+        for copy in range(fanout(mapper, row))
+    ]
+    if not preaggregate:
+        return [(red, ((row, copy),)) for row, copy, red in items]
+    groups: dict[int, list[Item]] = {}
+    for row, copy, red in items:
+        groups.setdefault(red, []).append((row, copy))
+    return [(red, tuple(its)) for red, its in groups.items()]
+
+
+COPIES = 4
+"""Items travel as ``row * COPIES + copy``."""
+
+
 class SimMapper(ms.Mapper):
-    """Row-wise deterministic map: input row ``(mapper, row)`` becomes ``fanout`` rows."""
+    """A deterministic map; ``config["preaggregate"]`` picks the batch-dependent variant.
+
+    ``config["observe"]``, if set, is told the input range of every batch mapped.
+    """
 
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        n = self.spec.num_reducers
-        ms_, rows, copies, reducers = [], [], [], []
-        for m, row in zip(
-            batch.column("mapper").to_pylist(), batch.column("row").to_pylist(), strict=True
-        ):
-            for copy in range(fanout(m, row)):
-                ms_.append(m)
-                rows.append(row)
-                copies.append(copy)
-                reducers.append(reducer_of(m, row, copy, n))
+        rows = batch.column("row").to_pylist()
+        mappers = set(batch.column("mapper").to_pylist())
+        assert len(mappers) == 1
+        assert rows == list(range(rows[0], rows[0] + len(rows)))
+        m = mappers.pop()
+        groups = map_rows(m, rows, self.spec.num_reducers, bool(self.config["preaggregate"]))
+        observe = self.config.get("observe")
+        if observe is not None:
+            observe(m, rows[0], rows[-1] + 1)
         out = pa.record_batch(
             {
-                "mapper": pa.array(ms_, pa.int64()),
-                "row": pa.array(rows, pa.int64()),
-                "copy": pa.array(copies, pa.int64()),
-                "pad": pa.array([f"payload-{r}" for r in rows], pa.string()),
+                "mapper": pa.array([m] * len(groups), pa.int64()),
+                "items": pa.array(
+                    [[row * COPIES + copy for row, copy in its] for _, its in groups],
+                    pa.list_(pa.int64()),
+                ),
+                "pad": pa.array([f"payload-{its[0][0]}" for _, its in groups], pa.string()),
             }
         )
-        return ms.Partitioned.with_indices(out, reducers)
+        return ms.Partitioned.with_indices(out, [red for red, _ in groups])
 
 
 EFFECT = ("effect",)
 
 
 class SimReducer(ms.Reducer):
-    """Applies one counter increment per received row, through the commit transaction."""
+    """Applies one counter increment per mapped row received, through the commit transaction."""
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        for m, row, copy in zip(
-            batch.column("mapper").to_pylist(),
-            batch.column("row").to_pylist(),
-            batch.column("copy").to_pylist(),
-            strict=True,
+        for m, items in zip(
+            batch.column("mapper").to_pylist(), batch.column("items").to_pylist(), strict=True
         ):
-            txn.add((*EFFECT, m, row, copy), 1)
+            for code in items:
+                txn.add((*EFFECT, m, code // COPIES, code % COPIES), 1)
 
 
 # -- time ----------------------------------------------------------------------------
@@ -203,21 +244,49 @@ class SimInput:
 
 # -- the store, with injected faults ---------------------------------------------------
 
-COMMIT_FAULTS = ("conflict", "unknown", "unavailable")
+COMMIT_FAULTS = ("conflict", "unknown", "unavailable", "too_old")
 
 
 class FaultPlan:
-    """Faults the store injects: armed commit faults (used in order) and unavailability."""
+    """Faults the store injects.
 
-    def __init__(self) -> None:
+    - ``armed``: commit faults, used by the next commits in order;
+    - ``unavailable``: every transaction fails;
+    - ``stalls``: latency. Each entry ``[n, fn]`` waits for ``n`` more store calls
+      (transaction creations and commits, by any worker), then ``fn`` runs while the next
+      one is pending: the steps in ``fn`` happen while that worker waits on the store.
+    """
+
+    def __init__(self, clock: SimClock, note: Callable[[str], None]) -> None:
+        self.clock = clock
+        self.note = note
         self.armed: deque[str] = deque()
         self.unavailable = False
         self.injected: Counter[str] = Counter()
+        self.stalls: deque[list[Any]] = deque()
+        self._stalling = False
 
     def next_commit_fault(self) -> str | None:
         if self.unavailable:
             return "unavailable"
         return self.armed.popleft() if self.armed else None
+
+    def stall(self) -> None:
+        """One store call is about to happen: run the latency armed for it, if any."""
+        if not self.stalls or self._stalling:
+            return
+        entry = self.stalls[0]
+        if entry[0] > 0:
+            entry[0] -= 1
+            return
+        self.stalls.popleft()
+        self.injected["stall"] += 1
+        self.note("  store stalls")
+        self._stalling = True
+        try:
+            entry[1]()
+        finally:
+            self._stalling = False
 
 
 class FaultyTransaction:
@@ -231,15 +300,20 @@ class FaultyTransaction:
         return getattr(self._inner, name)
 
     def commit(self) -> None:
+        self._plan.stall()
         fault = self._plan.next_commit_fault()
         if fault is not None:
             self._plan.injected[fault] += 1
+            self._plan.note(f"  store fault: {fault}")
         if fault == "conflict":
             self._inner.reset()
             raise StoreConflictError("injected conflict (simulation)")
         if fault == "unavailable":
             self._inner.reset()
             raise StoreUnavailableError("injected: store unavailable (simulation)")
+        if fault == "too_old":
+            # The commit is slow: the transaction's age passes FoundationDB's five seconds.
+            self._plan.clock.advance(6.0)
         self._inner.commit()
         if fault == "unknown":
             raise CommitUnknownResultError("injected: commit applied but reported unknown")
@@ -256,8 +330,10 @@ class FaultyStore:
         return getattr(self._inner, name)
 
     def create_transaction(self) -> Any:
+        self._plan.stall()
         if self._plan.unavailable:
             self._plan.injected["unavailable"] += 1
+            self._plan.note("  store fault: unavailable")
             raise StoreUnavailableError("injected: store unavailable (simulation)")
         return FaultyTransaction(self._inner.create_transaction(), self._plan)
 
@@ -281,6 +357,38 @@ class FaultyStore:
 
 
 # -- worker instances -----------------------------------------------------------------
+
+
+class WindowProbe:
+    """A mapper's window, with a ledger of every entry's bytes and rows as pushed.
+
+    The worker sees the real window through it. The ledger lets the checker compare the
+    window's memory accounting, after any trimming, with the entries it still holds.
+    """
+
+    def __init__(self, window: Any) -> None:
+        self.window = window
+        self.ledger: dict[int, tuple[int, int]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.window, name)
+
+    def push(self, batch: Any, indices: Any, end: int, token: bytes) -> Any:
+        w = self.window
+        first, n = w.first_entry_index, w.num_entries
+        size, rows = w.buffered_bytes, w.buffered_rows
+        result = w.push(batch, indices, end, token)
+        gone = range(first, w.first_entry_index)
+        new = first + n
+        if w.first_entry_index <= new:
+            freed = [self.ledger[i] for i in gone]
+            self.ledger[new] = (
+                w.buffered_bytes - size + sum(b for b, _ in freed),
+                w.buffered_rows - rows + sum(r for _, r in freed),
+            )
+        for i in gone:
+            self.ledger.pop(i, None)
+        return result
 
 
 @dataclass
@@ -307,6 +415,7 @@ class ReducerInstance:
 NET_FAULTS = ("ok", "drop_request", "drop_response", "duplicate", "delay_request")
 
 Action = tuple[Any, ...]
+"""One step, e.g. ``("ingest", mapper, instance)``; see :meth:`Simulation.do`."""
 
 
 class SimNetwork:
@@ -368,6 +477,11 @@ class SimNetwork:
             call.max_bytes,
             call.mapper_guid,
         )
+        if call.max_rows:
+            self.sim.note(
+                f"  m{call.mapper_index}@{inst.worker.guid} served r{call.reducer_index} "
+                f"({call.committed_row_index}, {last}] {n} rows"
+            )
         return GetRowsResult(n, last, ipc)
 
     def deliver_late(self) -> None:
@@ -388,38 +502,73 @@ class SimNetwork:
 
 
 class Oracle:
-    """The rows every mapper must produce, in shuffle order."""
+    """The rows every mapper must produce, in shuffle order.
 
-    def __init__(self, totals: list[int], num_reducers: int) -> None:
+    For a pre-aggregating map, the first map call at an input row fixes the batch starting
+    there (the workers record batch boundaries before sending rows, so every later instance
+    must cut the same way) and the shuffle numbering follows from the batches. Row by row,
+    the numbering is known from the start.
+    """
+
+    def __init__(self, totals: Sequence[int], num_reducers: int, preaggregate: bool) -> None:
+        self.totals = list(totals)
         self.num_reducers = num_reducers
-        # outputs[m][s] = (row, copy, reducer) of shuffle index s
-        self.outputs: list[list[tuple[int, int, int]]] = []
-        # shuffle_at[m][i] = shuffle index of the first output of input row i
-        self.shuffle_at: list[list[int]] = []
-        for m, total in enumerate(totals):
-            outs: list[tuple[int, int, int]] = []
-            starts = []
-            for row in range(total):
-                starts.append(len(outs))
-                for copy in range(fanout(m, row)):
-                    outs.append((row, copy, reducer_of(m, row, copy, num_reducers)))
-            starts.append(len(outs))
-            self.outputs.append(outs)
-            self.shuffle_at.append(starts)
+        self.preaggregate = preaggregate
+        # cuts[m][begin] = end of the batch of mapper m starting at input row begin
+        self.cuts: list[dict[int, int]] = [{} for _ in totals]
+        # shuffle_at[m][i] = shuffle index of the first row mapped from input row i, for
+        # every batch boundary i
+        self.shuffle_at: list[dict[int, int]] = [{0: 0} for _ in totals]
+        # outputs[m][s] = the shuffled row of shuffle index s
+        self.outputs: list[list[Group]] = [[] for _ in totals]
+        self.end = [0 for _ in totals]
+        self.recuts: list[str] = []
+        if not preaggregate:
+            # Row by row, the numbering does not depend on the batches: every row is a
+            # boundary.
+            for m, total in enumerate(totals):
+                for row in range(total):
+                    self.outputs[m].extend(map_rows(m, [row], num_reducers, False))
+                    self.shuffle_at[m][row + 1] = len(self.outputs[m])
+
+    def observe(self, m: int, begin: int, end: int) -> None:
+        """``map`` ran on input rows ``[begin, end)`` of mapper ``m``."""
+        if not self.preaggregate:
+            return
+        if begin == self.end[m]:
+            self.cuts[m][begin] = end
+            self.outputs[m].extend(
+                map_rows(m, range(begin, end), self.num_reducers, self.preaggregate)
+            )
+            self.shuffle_at[m][end] = len(self.outputs[m])
+            self.end[m] = end
+        elif self.cuts[m].get(begin) != end:
+            self.recuts.append(
+                f"mapper {m} mapped input rows [{begin}, {end}); the first batch there was "
+                f"[{begin}, {self.cuts[m].get(begin)})"
+            )
 
     def committed_effects(self, states: list[tuple[int, ...]]) -> set[tuple[int, int, int]]:
         """Effects implied by every reducer's committed indices: exactly those rows."""
         out = set()
         for r, committed in enumerate(states):
             for m, last in enumerate(committed):
-                for s in range(min(last + 1, len(self.outputs[m]))):
-                    row, copy, red = self.outputs[m][s]
+                for red, items in self.outputs[m][: last + 1]:
                     if red == r:
-                        out.add((m, row, copy))
+                        out.update((m, row, copy) for row, copy in items)
         return out
 
+    def effects_before(self, m: int, shuffle: int) -> list[tuple[int, int, int]]:
+        """Every effect of mapper ``m``'s shuffle rows below ``shuffle``."""
+        return [(m, row, copy) for _, items in self.outputs[m][:shuffle] for row, copy in items]
+
     def all_effects(self) -> set[tuple[int, int, int]]:
-        return {(m, row, copy) for m, outs in enumerate(self.outputs) for row, copy, _ in outs}
+        return {
+            (m, row, copy)
+            for m, total in enumerate(self.totals)
+            for row in range(total)
+            for copy in range(fanout(m, row))
+        }
 
 
 # -- the simulation ----------------------------------------------------------------------
@@ -431,42 +580,62 @@ STORE_ERRORS = (RetryableStoreError, StoreUnavailableError)
 """Errors a worker's loop notes and retries after a back-off (same instance)."""
 
 
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything a simulation starts from (with :attr:`Simulation.steps`, a full replay)."""
+
+    totals: tuple[int, ...]
+    num_reducers: int
+    batch_rows: int
+    commit_max_rows: int
+    preaggregate: bool = False
+    acknowledge_commits: bool = True
+    memory_limit_bytes: int = 4096
+
+
 class Simulation:
     """M mappers and R reducers of the real worker classes, stepped one step at a time."""
 
-    def __init__(
-        self, totals: list[int], num_reducers: int, *, batch_rows: int, commit_max_rows: int
-    ) -> None:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.steps: list[Action] = []
+        self.trace: list[str] = []
+        totals = list(config.totals)
         self.dir = tempfile.mkdtemp(prefix="millstream-sim-")
         self.partitions = [SimPartition(m, t, visible=t // 2) for m, t in enumerate(totals)]
+        self.oracle = Oracle(totals, config.num_reducers, config.preaggregate)
         self.processor = Processor(
             mapper=SimMapper,
             reducer=SimReducer,
             input=SimInput(self.partitions),
             store=f"sqlite:///{os.path.join(self.dir, 'sim.db')}",
-            num_reducers=num_reducers,
+            num_reducers=config.num_reducers,
             name="sim",
+            config={"preaggregate": config.preaggregate, "observe": self.oracle.observe},
             tuning=ms.Tuning(
-                batch_rows=batch_rows,
-                memory_limit_bytes=4096,
-                commit_max_rows=commit_max_rows,
+                batch_rows=config.batch_rows,
+                memory_limit_bytes=config.memory_limit_bytes,
+                commit_max_rows=config.commit_max_rows,
                 get_rows_max_bytes=1 << 20,
+                acknowledge_commits=config.acknowledge_commits,
             ),
         )
-        self.M, self.R = len(totals), num_reducers
-        self.raw: Store = open_store(self.processor.store, prefix=(self.processor.name,))
-        self.plan = FaultPlan()
-        self.store = FaultyStore(self.raw, self.plan)
+        self.M, self.R = len(totals), config.num_reducers
         self.clock = SimClock()
+        self.raw: Store = open_store(self.processor.store, prefix=(self.processor.name,))
+        self.raw.clock = self.clock.now
+        self.plan = FaultPlan(self.clock, self.note)
+        self.store = FaultyStore(self.raw, self.plan)
         self.net = SimNetwork(self)
-        self.oracle = Oracle(totals, num_reducers)
         self.mappers: list[list[MapperInstance]] = [[] for _ in range(self.M)]
         self.reducers: list[list[ReducerInstance]] = [[] for _ in range(self.R)]
         self.bound: dict[str, MapperInstance] = {}
         self.hosts = 0
+        self.guids = itertools.count(1)
         self.max_committed: list[list[int]] = [[-1] * self.M for _ in range(self.R)]
         self.events: Counter[str] = Counter()
         self.nested_depth = 0
+        self.busy: set[int] = set()
         for m in range(self.M):
             self.start_mapper(m)
         for r in range(self.R):
@@ -476,21 +645,36 @@ class Simulation:
         self.raw.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def note(self, line: str) -> None:
+        """Add a line to the trace."""
+        self.trace.append(line)
+
+    def next_guid(self, role: str, index: int) -> str:
+        """Sequential instance GUIDs: a replay creates the same ones."""
+        return f"{role[0]}{index}-{next(self.guids):04d}"
+
     # -- lifecycle ------------------------------------------------------------------
 
-    def start_mapper(self, m: int, address: str | None = None) -> None:
+    def start_mapper(self, m: int, address: str | None = None) -> MapperInstance:
         """A new mapper instance (new GUID) serving at ``address`` (default: a new host)."""
         if address is None:
             self.hosts += 1
             address = f"host{self.hosts}:mapper{m}"
         worker = MapperWorker(
-            self.processor, m, self.store, clock=self.clock, reader=SimReader(self.partitions[m])
+            self.processor,
+            m,
+            self.store,
+            clock=self.clock,
+            reader=SimReader(self.partitions[m]),
+            guid=self.next_guid("mapper", m),
         )
         inst = MapperInstance(worker, address, restarting=True)
-        self._mapper_step(inst, lambda: None)
+        self.note(f"start m{m}@{worker.guid} at {address}")
+        self._mapper_step(inst, "start", lambda: None)
         self.mappers[m].append(inst)
         self.bound[address] = inst
         self.heartbeat(inst)
+        return inst
 
     def restart_mapper(self, m: int, k: int) -> None:
         """Instance ``k`` dies and a new one starts on its port (same address, new GUID)."""
@@ -512,14 +696,30 @@ class Simulation:
         self.clock.advance(0.001)
         w = inst.worker
         txn = self.raw.create_transaction()
-        register_worker(txn, "mapper", w.index, w.guid, inst.address, self.clock.wall())
+        register_worker(
+            txn, "mapper", w.index, w.guid, inst.address, self.clock.wall(), pid=0, host="sim"
+        )
         txn.commit()
+        self.note(f"heartbeat m{w.index}@{w.guid}")
 
     def start_reducer(self, r: int, *, duplicate: bool = False) -> None:
-        worker = ReducerWorker(self.processor, r, self.store, self.net, clock=self.clock)
+        worker = ReducerWorker(
+            self.processor,
+            r,
+            self.store,
+            self.net,
+            clock=self.clock,
+            guid=self.next_guid("reducer", r),
+        )
         if not duplicate:
             self.reducers[r].clear()
         self.reducers[r].append(ReducerInstance(worker))
+        self.note(f"start r{r}@{worker.guid}")
+
+    def produce(self, m: int, n: int) -> None:
+        """``n`` more rows of partition ``m`` arrive."""
+        p = self.partitions[m]
+        p.visible = min(p.total, p.visible + n)
 
     # -- protocol steps -------------------------------------------------------------
 
@@ -527,24 +727,42 @@ class Simulation:
         insts = self.mappers[m]
         return insts[k % len(insts)] if insts else None
 
-    def _mapper_step(self, inst: MapperInstance, step: Callable[[], object]) -> None:
-        """One step of the mapper's loop, with the loop's error handling."""
+    def _mapper_step(self, inst: MapperInstance, what: str, step: Callable[[], object]) -> None:
+        """One step of the mapper's loop, with the loop's error handling.
+
+        A step of an instance that is already in the middle of one (its ingestion thread
+        is waiting on the store) is skipped: one instance ingests and trims in one thread.
+        """
+        w = inst.worker
+        who = f"m{w.index}@{w.guid} {what}"
+        if id(w) in self.busy:
+            self.note(f"{who}: busy")
+            return
+        self.busy.add(id(w))
         try:
             if inst.restarting:
-                inst.worker.start_ingestion()
-                assert inst.worker.window is not None
-                inst.started_shuffle = inst.worker.window.local_state()[1]
+                w.start_ingestion()
+                assert w.window is not None
+                w.window = WindowProbe(w.window)  # type: ignore[assignment]
+                inst.started_shuffle = w.window.local_state()[1]
                 inst.restarting = False
-            step()
+                self.note(f"{who}: ingestion starts at {w.window.local_state()[:2]}")
+            result = step()
+            self.note(f"{who}: {result}")
         except SplitBrainError:
             # The loop waits, drops the window and restarts ingestion (thesis 4.3.3 step 3).
             self.events["mapper_split_brain"] += 1
+            self.note(f"{who}: split brain")
             inst.restarting = True
-        except STORE_ERRORS:
+        except STORE_ERRORS as exc:
             self.events["mapper_store_error"] += 1
-        except CRASH_ERRORS:
+            self.note(f"{who}: {type(exc).__name__}")
+        except CRASH_ERRORS as exc:
             self.events["mapper_crashed"] += 1
+            self.note(f"{who}: crashed on {type(exc).__name__}")
             self._kill(inst)
+        finally:
+            self.busy.discard(id(w))
 
     def _kill(self, inst: MapperInstance) -> None:
         m = inst.worker.index
@@ -552,21 +770,28 @@ class Simulation:
             self.mappers[m].remove(inst)
         if self.bound.get(inst.address) is inst:
             del self.bound[inst.address]
+        self.note(f"kill m{m}@{inst.worker.guid}")
 
-    def ingest(self, m: int, k: int) -> None:
-        inst = self._mapper(m, k)
-        if inst is None:
-            return
+    def ingest_instance(self, inst: MapperInstance) -> None:
         window = inst.worker.window
         if window is not None and not inst.restarting and not window.wait_for_room(0):
             self.events["mapper_window_full"] += 1
+            self.note(f"m{inst.worker.index}@{inst.worker.guid} ingest: window full")
             return
-        self._mapper_step(inst, inst.worker.ingest_once)
+        self._mapper_step(inst, "ingest", inst.worker.ingest_once)
+
+    def ingest(self, m: int, k: int) -> None:
+        inst = self._mapper(m, k)
+        if inst is not None:
+            self.ingest_instance(inst)
+
+    def trim_instance(self, inst: MapperInstance) -> None:
+        self._mapper_step(inst, "trim", inst.worker.trim_input_rows)
 
     def trim(self, m: int, k: int) -> None:
         inst = self._mapper(m, k)
         if inst is not None:
-            self._mapper_step(inst, inst.worker.trim_input_rows)
+            self.trim_instance(inst)
 
     def reduce(
         self,
@@ -581,45 +806,170 @@ class Simulation:
         if not insts:
             return
         inst = insts[k % len(insts)]
+        w = inst.worker
+        if id(w) in self.busy:
+            self.note(f"r{r}@{w.guid} reduce: busy")
+            return
         self.net.faults, self.net.before, self.net.after = faults, before, after
         self.net.reverse = reverse
         self.nested_depth += 1
+        self.busy.add(id(w))
         try:
-            if inst.worker.run_once():
+            committed = w.run_once()
+            if committed:
                 self.events["reducer_commit"] += 1
-        except STORE_ERRORS:
+            self.note(f"r{r}@{w.guid} reduce: {committed} {w.last_state}")
+        except STORE_ERRORS as exc:
             self.events["reducer_store_error"] += 1
+            self.note(f"r{r}@{w.guid} reduce: {type(exc).__name__}")
+        except TransactionTooLargeError:
+            # Fatal for the worker (a slow commit of a single row counts as too large);
+            # the runner restarts the process.
+            self.events["reducer_crashed"] += 1
+            self.note(f"r{r}@{w.guid} reduce: crashed on TransactionTooLargeError")
+            if inst in insts:
+                insts.remove(inst)
+            if not insts:
+                self.start_reducer(r)
         finally:
+            self.busy.discard(id(w))
             self.nested_depth -= 1
             self.net.faults, self.net.before, self.net.after = (), (), ()
 
-    def run_nested(self, actions: Sequence[Action]) -> None:
-        """Steps that happen while a reducer waits on the network."""
-        for action in actions:
-            self.do(action)
+    def reduce_all(self) -> None:
+        for r in range(self.R):
+            self.reduce(r, 0)
 
-    def do(self, action: Action) -> None:
-        """One step named by a tuple (used for steps nested inside a reducer iteration)."""
+    def run_nested(self, actions: Sequence[Action]) -> None:
+        """Steps that happen while a worker waits on the network or the store."""
+        for action in actions:
+            self.do(action, nested=True)
+
+    def arm_stall(self, after_calls: int, fn: Callable[[], None]) -> None:
+        """Latency: ``fn`` runs while the store call ``after_calls`` calls from now waits."""
+        self.plan.stalls.append([after_calls, fn])
+
+    # -- composite steps ----------------------------------------------------------------
+
+    def split_brain_race(
+        self,
+        m: int,
+        a_first: int,
+        b_ingests: int,
+        grow: int,
+        stall: int | None,
+        a_ingests: int,
+    ) -> None:
+        """The sequence the mapper's split-brain check exists for (thesis 4.3.3 step 3).
+
+        Two live instances A (older) and B of mapper ``m``. A ingests ``a_first`` batches;
+        B ingests ``b_ingests`` batches and the reducers
+        commit its rows; more input arrives; B persists its state and trims the input; A
+        becomes the freshest in discovery and ingests from where its stale window ends,
+        below B's trim point; the reducers fetch from A and commit. With ``stall`` set, B's
+        trim and A's heartbeat happen while A's ingestion waits on its ``stall``-th store
+        call instead of before it.
+        """
+        if len(self.mappers[m]) < 2:
+            self.start_mapper(m)
+        a, b = self.mappers[m][0], self.mappers[m][-1]
+        for _ in range(a_first):
+            self.ingest_instance(a)
+        self.heartbeat(b)
+        for _ in range(b_ingests):
+            self.ingest_instance(b)
+            self.reduce_all()
+        self.reduce_all()
+        self.produce(m, grow)
+
+        def trim_b_then_beat_a() -> None:
+            self.note("stall: B trims, A heartbeats")
+            self.trim_instance(b)
+            self.heartbeat(a)
+
+        if stall is None:
+            trim_b_then_beat_a()
+        else:
+            self.arm_stall(stall, trim_b_then_beat_a)
+        for _ in range(a_ingests):
+            self.ingest_instance(a)
+            self.reduce_all()
+
+    def restart_mid_stream(self, m: int, grow: int, ingests: int) -> None:
+        """A mapper restarts with batches sent but not persisted, and its input grew since.
+
+        The new instance must cut the batches it re-reads where the old one did (a
+        pre-aggregating map numbers its rows per batch), whatever the input has now.
+        """
+        inst = self._mapper(m, -1)
+        if inst is None:
+            inst = self.start_mapper(m)
+        self.ingest_instance(inst)
+        self.reduce_all()
+        self._kill(inst)
+        self.produce(m, grow)
+        new = self.start_mapper(m, inst.address)
+        for _ in range(ingests):
+            self.ingest_instance(new)
+            self.reduce_all()
+
+    # -- steps by name ------------------------------------------------------------------
+
+    def step(self, action: Action) -> None:
+        """Run one top-level step and record it (for :func:`replay`)."""
+        self.steps.append(action)
+        self.note(f"step {action!r}")
+        self.do(action)
+
+    def do(self, action: Action, *, nested: bool = False) -> None:
+        """One step named by a tuple; ``nested``: inside another worker's wait."""
         kind, *args = action
         if kind == "ingest":
             self.ingest(args[0] % self.M, args[1])
         elif kind == "trim":
             self.trim(args[0] % self.M, args[1])
         elif kind == "reduce":
-            if self.nested_depth < 2:
+            if not nested:
+                self.reduce(args[0] % self.R, *args[1:])
+            elif self.nested_depth < 2:
                 self.reduce(args[0] % self.R, args[1])
         elif kind == "restart_mapper":
             self.restart_mapper(args[0] % self.M, args[1])
         elif kind == "crash_mapper":
             self.crash_mapper(args[0] % self.M, args[1])
+        elif kind == "duplicate_mapper":
+            if len(self.mappers[args[0] % self.M]) < 2:
+                self.start_mapper(args[0] % self.M)
+        elif kind == "restart_reducer":
+            r, duplicate = args[0] % self.R, args[1]
+            if not (duplicate and len(self.reducers[r]) >= 2):
+                self.start_reducer(r, duplicate=duplicate)
         elif kind == "commit_fault":
-            self.plan.armed.append(args[0])
+            self.plan.armed.extend([args[0]] * (args[1] if len(args) > 1 else 1))
+        elif kind == "store_down":
+            self.plan.unavailable = args[0]
+        elif kind == "partition_down":
+            self.partitions[args[0] % self.M].unavailable = args[1]
+        elif kind == "mapper_unreachable":
+            if args[1]:
+                self.net.unreachable.add(args[0] % self.M)
+            else:
+                self.net.unreachable.discard(args[0] % self.M)
+        elif kind == "produce":
+            self.produce(args[0] % self.M, args[1])
         elif kind == "deliver_late":
             self.net.deliver_late()
         elif kind == "heartbeat":
             inst = self._mapper(args[0] % self.M, args[1])
             if inst is not None:
                 self.heartbeat(inst)
+        elif kind == "store_latency":
+            inner = tuple(args[1])
+            self.arm_stall(args[0], lambda: self.run_nested(inner))
+        elif kind == "split_brain_race":
+            self.split_brain_race(args[0] % self.M, *args[1:])
+        elif kind == "restart_mid_stream":
+            self.restart_mid_stream(args[0] % self.M, *args[1:])
         else:
             raise ValueError(f"unknown action {action!r}")
 
@@ -641,48 +991,58 @@ class Simulation:
             txn.reset()
         return states, mstates, effects
 
+    def dump_store(self) -> list[tuple[tuple[Any, ...], bytes]]:
+        """Every key and value of the processor's store, in key order."""
+        txn = self.raw.create_transaction()
+        try:
+            return list(txn.get_range_startswith(()))
+        finally:
+            txn.reset()
+
     def check(self) -> None:
         """Every safety invariant; raises AssertionError with what broke."""
         states, mstates, effects = self.read_store()
         twice = {k: v for k, v in effects.items() if v != 1}
         assert not twice, f"effects applied other than once: {sorted(twice.items())[:10]}"
-        # Committed indices never go backwards.
+        oracle = self.oracle
         for r, committed in enumerate(states):
             for m, c in enumerate(committed):
+                # Committed indices never go backwards.
                 assert c >= self.max_committed[r][m], (
                     f"reducer {r}'s committed index for mapper {m} went back from "
                     f"{self.max_committed[r][m]} to {c}"
                 )
                 self.max_committed[r][m] = c
+                assert c < len(oracle.outputs[m]), (
+                    f"reducer {r} committed mapper {m}'s shuffle row {c}, but the mapper's "
+                    f"batches so far make only {len(oracle.outputs[m])} rows"
+                )
         # The effects are exactly the rows the committed indices name.
-        want = self.oracle.committed_effects(states)
+        want = oracle.committed_effects(states)
         have = set(effects)
         assert have == want, (
             f"effects differ from the committed indices {states}: missing "
             f"{sorted(want - have)[:10]}, unexpected {sorted(have - want)[:10]}"
+            + (f"; batches cut again differently: {oracle.recuts[:3]}" if oracle.recuts else "")
         )
         for m, ps in enumerate(mstates):
-            starts = self.oracle.shuffle_at[m]
+            starts = oracle.shuffle_at[m]
             i = ps.input_unread_row_index
-            assert 0 <= i < len(starts), f"mapper {m} persisted input index {i} out of range"
+            assert i in starts, f"mapper {m} persisted input index {i}, not a batch boundary"
             assert ps.shuffle_unread_row_index == starts[i], (
                 f"mapper {m} persisted state {ps} pairs input {i} with the wrong shuffle "
                 f"index (want {starts[i]})"
             )
-            not_done = [(m, row, copy) for row, copy, _ in self.oracle.outputs[m][: starts[i]]]
-            missing = [e for e in not_done if e not in have]
+            missing = [e for e in oracle.effects_before(m, starts[i]) if e not in have]
             assert not missing, (
                 f"mapper {m}'s persisted state {ps} passed rows whose effect is not "
                 f"committed: {missing[:10]}"
             )
             t = self.partitions[m].trimmed
-            early = [
-                (m, row, copy)
-                for row, copy, _ in self.oracle.outputs[m][: starts[min(t, len(starts) - 1)]]
-                if (m, row, copy) not in have
-            ]
-            assert not early, f"partition {m} trimmed to {t} before effects {early[:10]}"
             assert t <= i, f"partition {m} trimmed to {t} past its persisted state {ps}"
+            assert t in starts, f"partition {m} trimmed to {t}, not a batch boundary"
+            early = [e for e in oracle.effects_before(m, starts[t]) if e not in have]
+            assert not early, f"partition {m} trimmed to {t} before effects {early[:10]}"
         for m, insts in enumerate(self.mappers):
             for inst in insts:
                 self._check_window(m, inst, states)
@@ -693,7 +1053,20 @@ class Simulation:
             return
         input_unread, shuffle_unread, _ = w.local_state()
         end = w.shuffle_end_row_index
-        who = f"mapper {m} instance {inst.worker.guid[:8]}"
+        who = f"mapper {m} instance {inst.worker.guid}"
+        # Memory accounting: what the window counts is what its entries held when pushed.
+        if isinstance(w, WindowProbe):
+            live = range(w.first_entry_index, w.first_entry_index + w.num_entries)
+            held = [w.ledger[i] for i in live]
+            assert w.buffered_bytes == sum(b for b, _ in held), (
+                f"{who}: buffered_bytes {w.buffered_bytes} but its {len(held)} entries were "
+                f"pushed with {sum(b for b, _ in held)} bytes"
+            )
+            assert w.buffered_rows == sum(r for _, r in held), (
+                f"{who}: buffered_rows {w.buffered_rows} but its entries hold "
+                f"{sum(r for _, r in held)}"
+            )
+            assert all(b > 0 for b, _ in held), f"{who}: an entry of 0 bytes: {held}"
         # Rows at or below a reducer's committed index are dropped on push, so the entries
         # hold at most the rows of their shuffle range and at least the buffered ones.
         assert w.buffered_rows <= end - shuffle_unread, (
@@ -714,10 +1087,12 @@ class Simulation:
             f"{who}: bucket pointer counts {counts} but {nonempty} non-empty buckets"
         )
         starts = self.oracle.shuffle_at[m]
-        if input_unread < len(starts):
-            assert shuffle_unread == starts[input_unread], (
-                f"{who}: local state pairs input {input_unread} with shuffle {shuffle_unread}"
-            )
+        assert input_unread in starts, (
+            f"{who}: local state at input {input_unread}, not a batch boundary"
+        )
+        assert shuffle_unread == starts[input_unread], (
+            f"{who}: local state pairs input {input_unread} with shuffle {shuffle_unread}"
+        )
         outs = self.oracle.outputs[m]
         for r in range(self.R):
             pending = w.pending_shuffle_indices(r)
@@ -725,14 +1100,15 @@ class Simulation:
             assert all(a < b for a, b in itertools.pairwise(pending))
             for s in pending:
                 assert shuffle_unread <= s < end, f"{who}: bucket {r} holds row {s} out of range"
-                assert outs[s][2] == r, (
+                assert s < len(outs), f"{who}: bucket {r} holds unknown shuffle row {s}"
+                assert outs[s][0] == r, (
                     f"{who}: bucket {r} holds shuffle row {s} that is not reducer {r}'s"
                 )
             committed = states[r][m]
             lost = [
                 s
                 for s in range(max(inst.started_shuffle, committed + 1), min(end, len(outs)))
-                if outs[s][2] == r and s not in pending
+                if outs[s][0] == r and s not in pending
             ]
             assert not lost, (
                 f"{who}: bucket {r} lost uncommitted shuffle rows {lost[:10]} "
@@ -743,7 +1119,9 @@ class Simulation:
 
     def heal(self) -> None:
         """Faults off, every partition fully produced, one live instance per worker."""
+        self.note("heal")
         self.plan.armed.clear()
+        self.plan.stalls.clear()
         self.plan.unavailable = False
         self.net.unreachable.clear()
         self.net.late.clear()
@@ -788,6 +1166,40 @@ class Simulation:
             inst = self.reducers[r][0]
             assert not inst.worker.run_once()
             assert inst.worker.all_drained, f"reducer {r} does not see every mapper drained"
+        self.note("drained")
+
+    def replay_source(self) -> str:
+        """Python that replays this run from the start (for a failure report)."""
+        return (
+            "from tests.simulation.harness import SimConfig, replay\n"
+            f"replay({self.config!r}, {self.steps!r})"
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a replayed run did: its trace and the store's final contents."""
+
+    trace: list[str]
+    store: list[tuple[tuple[Any, ...], bytes]]
+
+
+def replay(config: SimConfig, steps: Sequence[Action], *, drain: bool = True) -> Outcome:
+    """Run ``steps`` on a new simulation, checking every invariant after each, then drain.
+
+    Raises:
+        AssertionError: An invariant broke (the same one, at the same step, every time).
+    """
+    sim = Simulation(config)
+    try:
+        for action in steps:
+            sim.step(action)
+            sim.check()
+        if drain:
+            sim.drain()
+        return Outcome(sim.trace, sim.dump_store())
+    finally:
+        sim.close()
 
 
 def describe(err: BaseException) -> str:
@@ -799,6 +1211,9 @@ __all__ = [
     "COMMIT_FAULTS",
     "NET_FAULTS",
     "MillstreamError",
+    "Outcome",
+    "SimConfig",
     "Simulation",
     "describe",
+    "replay",
 ]

@@ -2,7 +2,8 @@
 
 Profiles: ``MILLSTREAM_SIM_PROFILE=ci`` (default; a fixed, derandomized budget of a few
 minutes on 2 cores) and ``long`` (random, many more and longer runs). A failure prints the
-step sequence and a ``@reproduce_failure`` blob; replays are deterministic.
+steps hypothesis ran, a ``@reproduce_failure`` blob, and a ``replay(...)`` call that re-runs
+the same steps outside hypothesis; replays are deterministic.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -20,11 +21,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from tests.simulation.harness import COMMIT_FAULTS, NET_FAULTS, Simulation
+from tests.simulation.harness import COMMIT_FAULTS, NET_FAULTS, SimConfig, Simulation
 
 settings.register_profile(
     "ci",
-    max_examples=200,
+    max_examples=500,
     stateful_step_count=40,
     deadline=None,
     derandomize=True,
@@ -34,7 +35,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "long",
-    max_examples=2000,
+    max_examples=3000,
     stateful_step_count=120,
     deadline=None,
     print_blob=True,
@@ -59,8 +60,9 @@ nested_action = st.one_of(
     st.tuples(st.just("commit_fault"), st.sampled_from(COMMIT_FAULTS)),
     st.tuples(st.just("deliver_late")),
     st.tuples(st.just("heartbeat"), mapper_index, instance),
+    st.tuples(st.just("produce"), mapper_index, st.integers(1, 6)),
 )
-nested = st.lists(nested_action, max_size=3)
+nested = st.lists(nested_action, max_size=3).map(tuple)
 
 
 class ProtocolMachine(RuleBasedStateMachine):
@@ -73,34 +75,50 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.ok = True
 
     @initialize(
-        totals=st.lists(st.integers(4, 24), min_size=MAPPERS, max_size=MAPPERS),
+        totals=st.lists(st.integers(4, 24), min_size=MAPPERS, max_size=MAPPERS).map(tuple),
         batch_rows=st.integers(1, 6),
         commit_max_rows=st.integers(1, 8),
+        preaggregate=st.booleans(),
+        acknowledge_commits=st.booleans(),
     )
-    def setup(self, totals: list[int], batch_rows: int, commit_max_rows: int) -> None:
+    def setup(
+        self,
+        totals: tuple[int, ...],
+        batch_rows: int,
+        commit_max_rows: int,
+        preaggregate: bool,
+        acknowledge_commits: bool,
+    ) -> None:
         self.sim = Simulation(
-            totals, REDUCERS, batch_rows=batch_rows, commit_max_rows=commit_max_rows
+            SimConfig(
+                totals,
+                REDUCERS,
+                batch_rows,
+                commit_max_rows,
+                preaggregate=preaggregate,
+                acknowledge_commits=acknowledge_commits,
+            )
         )
 
-    def _step(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+    def _step(self, *action: Any) -> None:
         self.ok = False
-        fn(*args, **kwargs)
+        self.sim.step(action)
         self.ok = True
 
     # -- protocol steps -----------------------------------------------------------------
 
     @rule(m=mapper_index, k=instance)
     def ingest(self, m: int, k: int) -> None:
-        self._step(self.sim.ingest, m, k)
+        self._step("ingest", m, k)
 
     @rule(m=mapper_index, k=instance)
     def trim_input_rows(self, m: int, k: int) -> None:
-        self._step(self.sim.trim, m, k)
+        self._step("trim", m, k)
 
     @rule(
         r=reducer_index,
         k=instance,
-        faults=st.lists(st.sampled_from(NET_FAULTS), max_size=MAPPERS),
+        faults=st.lists(st.sampled_from(NET_FAULTS), max_size=MAPPERS).map(tuple),
         before=nested,
         after=nested,
         reverse=st.booleans(),
@@ -109,67 +127,87 @@ class ProtocolMachine(RuleBasedStateMachine):
         self,
         r: int,
         k: int,
-        faults: list[str],
-        before: list[tuple[Any, ...]],
-        after: list[tuple[Any, ...]],
+        faults: tuple[str, ...],
+        before: tuple[tuple[Any, ...], ...],
+        after: tuple[tuple[Any, ...], ...],
         reverse: bool,
     ) -> None:
-        self._step(self.sim.reduce, r, k, faults, before, after, reverse)
+        self._step("reduce", r, k, faults, before, after, reverse)
 
     @rule()
     def deliver_late_request(self) -> None:
-        self._step(self.sim.net.deliver_late)
+        self._step("deliver_late")
 
     @rule(m=mapper_index, n=st.integers(1, 6))
     def produce_input(self, m: int, n: int) -> None:
-        p = self.sim.partitions[m]
-        p.visible = min(p.total, p.visible + n)
+        self._step("produce", m, n)
 
     # -- crashes and split brain --------------------------------------------------------
 
     @rule(m=mapper_index, k=instance)
     def restart_mapper(self, m: int, k: int) -> None:
-        self._step(self.sim.restart_mapper, m, k)
+        self._step("restart_mapper", m, k)
 
     @rule(m=mapper_index, k=instance)
     def crash_mapper(self, m: int, k: int) -> None:
-        self._step(self.sim.crash_mapper, m, k)
+        self._step("crash_mapper", m, k)
 
     @rule(m=mapper_index)
     def duplicate_mapper(self, m: int) -> None:
-        if len(self.sim.mappers[m]) < 2:
-            self._step(self.sim.start_mapper, m)
+        self._step("duplicate_mapper", m)
 
     @rule(m=mapper_index, k=instance)
     def mapper_heartbeat(self, m: int, k: int) -> None:
-        self._step(self.sim.do, ("heartbeat", m, k))
+        self._step("heartbeat", m, k)
 
     @rule(r=reducer_index, duplicate=st.booleans())
     def restart_reducer(self, r: int, duplicate: bool) -> None:
-        if duplicate and len(self.sim.reducers[r]) >= 2:
-            return
-        self._step(self.sim.start_reducer, r, duplicate=duplicate)
+        self._step("restart_reducer", r, duplicate)
+
+    @rule(
+        m=mapper_index,
+        a_first=st.integers(0, 2),
+        b_ingests=st.integers(1, 3),
+        grow=st.integers(0, 8),
+        stall=st.sampled_from([None, 0, 1, 2]),
+        a_ingests=st.integers(1, 4),
+    )
+    def split_brain_race(
+        self,
+        m: int,
+        a_first: int,
+        b_ingests: int,
+        grow: int,
+        stall: int | None,
+        a_ingests: int,
+    ) -> None:
+        self._step("split_brain_race", m, a_first, b_ingests, grow, stall, a_ingests)
+
+    @rule(m=mapper_index, grow=st.integers(0, 8), ingests=st.integers(1, 3))
+    def restart_mid_stream(self, m: int, grow: int, ingests: int) -> None:
+        self._step("restart_mid_stream", m, grow, ingests)
 
     # -- faults ---------------------------------------------------------------------
 
     @rule(kind=st.sampled_from(COMMIT_FAULTS), n=st.integers(1, 3))
     def arm_commit_faults(self, kind: str, n: int) -> None:
-        self.sim.plan.armed.extend([kind] * n)
+        self._step("commit_fault", kind, n)
+
+    @rule(after_calls=st.integers(0, 4), actions=nested)
+    def store_latency(self, after_calls: int, actions: tuple[tuple[Any, ...], ...]) -> None:
+        self._step("store_latency", after_calls, actions)
 
     @rule(down=st.booleans())
     def store_availability(self, down: bool) -> None:
-        self.sim.plan.unavailable = down
+        self._step("store_down", down)
 
     @rule(m=mapper_index, down=st.booleans())
     def partition_availability(self, m: int, down: bool) -> None:
-        self.sim.partitions[m].unavailable = down
+        self._step("partition_down", m, down)
 
     @rule(m=mapper_index, down=st.booleans())
     def mapper_reachability(self, m: int, down: bool) -> None:
-        if down:
-            self.sim.net.unreachable.add(m)
-        else:
-            self.sim.net.unreachable.discard(m)
+        self._step("mapper_unreachable", m, down)
 
     # -- checks -------------------------------------------------------------------------
 
@@ -180,12 +218,21 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.sim.check()
             self.ok = True
 
+    def drained(self, sim: Simulation) -> None:
+        """Called after a run drained, before its simulation is closed."""
+
     def teardown(self) -> None:
         if not hasattr(self, "sim"):
             return
         try:
+            note(f"Replay outside hypothesis:\n{self.sim.replay_source()}")
             if self.ok:
                 self.sim.drain()
+                self.drained(self.sim)
+            for name in sorted(self.sim.events):
+                event(name)
+            for name in sorted(self.sim.plan.injected):
+                event(f"injected {name}")
         finally:
             self.sim.close()
 

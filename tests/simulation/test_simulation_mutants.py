@@ -17,8 +17,10 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from millstream.api import Transaction
 from millstream.exceptions import StoreConflictError
+from millstream.state import pack, unpack
 from millstream.state.records import ReducerState, read_reducer_state, write_reducer_state
 from millstream.workers import MapperWorker, ReducerWorker
+from millstream.workers.mapper import plan_key
 
 from tests.simulation.test_protocol_simulation import PROFILE, ProtocolMachine
 
@@ -84,8 +86,41 @@ def _pop_on_read(
     return count, last, payload
 
 
-def _no_split_brain_check(self: MapperWorker) -> None:
+def _no_split_brain_check(self: MapperWorker, txn: Any) -> None:
     """Mutant (c): the mapper ingests without re-reading its persisted state."""
+
+
+def _no_batch_plan(self: MapperWorker, begin: int, end: int) -> int:
+    """Mutant (d): batches are cut by what the input has now, not where they were cut first.
+
+    The bug fixed in afc2e68: a restarted or second instance re-cuts a batch differently,
+    and a pre-aggregating map then numbers its rows differently.
+    """
+    return end
+
+
+def _plan_without_state_check(self: MapperWorker, begin: int, end: int) -> int:
+    """Mutant (e): batch boundaries recorded without checking the persisted state.
+
+    The real bug the simulation found: another instance can persist past ``begin`` and
+    clear the records there between this instance's split-brain check and its record, so
+    it records a new cut below the other's trim point.
+    """
+    key = plan_key(self.index, begin)
+    for _ in range(10):
+        txn = self.store.create_transaction()
+        try:
+            raw = txn.get(key)
+            if raw is not None:
+                return int(unpack(raw)[0])
+            txn.set(key, pack((end,)))
+            txn.commit()
+            return end
+        except StoreConflictError:
+            continue
+        finally:
+            txn.reset()
+    raise StoreConflictError(f"mapper {self.index}: could not record the batch at {begin}")
 
 
 MUTANTS: dict[str, tuple[type, str, Callable[..., Any]]] = {
@@ -95,20 +130,18 @@ MUTANTS: dict[str, tuple[type, str, Callable[..., Any]]] = {
         _state_then_writes,
     ),
     "mapper_pops_bucket_on_read": (MapperWorker, "handle_get_rows", _pop_on_read),
-    "mapper_skips_split_brain_check": (MapperWorker, "_check_persisted", _no_split_brain_check),
+    "mapper_skips_split_brain_check": (MapperWorker, "_verify_persisted", _no_split_brain_check),
+    "mapper_ignores_batch_plan": (MapperWorker, "plan_batch", _no_batch_plan),
+    "mapper_plans_batch_without_state_check": (
+        MapperWorker,
+        "plan_batch",
+        _plan_without_state_check,
+    ),
 }
-
-
-# Mutant (c) needs a long specific sequence (a duplicate mapper, the other instance persisting
-# and trimming, the stale one becoming freshest in discovery and ingesting below the trim
-# point, a reducer committing its rows); the CI budget does not reach it yet.
-SLOW_TO_FIND = {"mapper_skips_split_brain_check"}
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_simulation_catches_mutant(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if mutant in SLOW_TO_FIND and PROFILE != "long":
-        pytest.skip("found only with MILLSTREAM_SIM_PROFILE=long")
     cls, name, replacement = MUTANTS[mutant]
     monkeypatch.setattr(cls, name, replacement)
     with pytest.raises(AssertionError) as caught:
