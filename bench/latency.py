@@ -103,6 +103,12 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         "--synchronous", choices=["full", "normal"], default="full", help="SQLite synchronous"
     )
     parser.add_argument("--keep", action="store_true", help="keep the run's store")
+    parser.add_argument(
+        "--what-if-flock",
+        action="store_true",
+        help="experiment: queue SQLite writers on an flock (bench.queue_pipeline."
+        "serialize_sqlite_writers), not millstream's behaviour",
+    )
 
 
 def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
@@ -126,6 +132,7 @@ def make_pipeline(args: argparse.Namespace, label: str) -> Pipeline:
         num_reducers=args.reducers,
         keys=args.keys,
         store_options="" if args.synchronous == "full" else f"synchronous={args.synchronous}",
+        flock_writers=args.what_if_flock,
     )
 
 
@@ -137,6 +144,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "keys": args.keys,
         "tick_s": args.tick,
         "synchronous": args.synchronous,
+        "what_if_flock": args.what_if_flock,
         "tuning": tuning_dict(tuning_from_args(args)),
     }
 

@@ -17,20 +17,30 @@ read. Reported:
   its peak, and the time after ``SIGCONT`` until it is back at or below the steady level
   and stays there for 1 s (status records of a frozen mapper are stale; its lag still
   grows with the queue's end);
+* the same for the rows not yet committed end to end (queue end minus the mapper's
+  ``input_unread_row_index``, which advances when every reducer has committed): reading
+  the backlog is quick, committing it takes longer;
 * the stopped mapper's peak window (rows, bytes) after it resumes, against its steady
   level, and the other mapper's peak window;
-* what the reducers did meanwhile: their longest gap between commits, and the rows of the
-  other mapper they committed while the mapper was frozen (a reducer asks every live
-  mapper in each round and waits for all answers, so a frozen mapper can hold every
-  reducer until the GetRows deadline, ``--rpc-timeout``);
-* the latency of rows appended before, during and after the stop;
+* what the reducers did meanwhile: each one's longest time without a commit, from the
+  commit counts in their status records (``on_commit`` runs after the acknowledgement
+  GetRows, which waits for the deadline when it goes to a frozen mapper, so its times
+  are not used for this), and the other mapper's input rows committed while the mapper
+  was frozen (a reducer asks every live mapper in each round and waits for all answers,
+  so a frozen mapper holds every reducer until the GetRows deadline, ``--rpc-timeout``);
+* the latency of rows appended before (up to 2 s before the stop), during and after the
+  stop, per mapper;
 * whether the producer kept its schedule (a process frozen while holding the store's
   write lock would stall every writer).
 
+The status heartbeat is 0.1 s here (``--heartbeat``): 40 more store writes per second
+than the default, which adds to latency.
+
 Run::
 
-    .venv/bin/python -m bench.recovery --rate 100000 --stop-seconds 2,10
-    .venv/bin/python -m bench.recovery --rate 100000 --stop-seconds 10 --rpc-timeout 1
+    .venv/bin/python -m bench.recovery --rate 62500 --stop-seconds 2,10,20
+    .venv/bin/python -m bench.recovery --rate 62500 --stop-seconds 10,20 --rpc-timeout 1 \
+        --tag rpc1
 
 Raw results: ``bench/results/recovery/*.json``; the table also goes to
 ``bench/results/recovery/table.md``.
@@ -94,6 +104,7 @@ class Sampler:
                     "lag": ends[m] - read,
                     "window_rows": int(s.get("window_rows", 0)),
                     "window_bytes": int(s.get("window_bytes", 0)),
+                    "committed": int(s.get("input_unread_row_index", 0)),
                     "status_age": now - float(s.get("time", now)),
                 }
             for r in range(self.pipeline.num_reducers):
@@ -231,6 +242,13 @@ def analyze(
     level = float(lag[steady].max()) if steady.any() else math.nan
     back = first_time_at_or_below(t, lag, level, after=resumed_at, hold=HOLD_SECONDS)
     after = t >= resumed_at
+    # End to end: rows appended but whose effects are not yet committed by every reducer
+    # (as far as the mapper knows: its window trims on the reducers' commits).
+    _, committed = sampler.series(m, "committed")
+    ends = np.array([row["ends"][m] for row in sampler.rows], dtype=np.float64)
+    uncommitted = ends - committed
+    u_level = float(uncommitted[steady].max()) if steady.any() else math.nan
+    u_back = first_time_at_or_below(t, uncommitted, u_level, after=resumed_at, hold=HOLD_SECONDS)
     out: dict[str, Any] = {
         "mapper": m,
         "rate": step["rate"],
@@ -243,6 +261,12 @@ def analyze(
             "peak_rows": float(lag.max()) if lag.size else math.nan,
             "peak_s_of_input": float(lag.max()) / rate_per_partition if lag.size else math.nan,
             "recovered_s_after_resume": (back - resumed_at) if back is not None else None,
+        },
+        "uncommitted": {
+            "steady_rows": _stats(uncommitted[steady]),
+            "steady_level_rows": u_level,
+            "peak_rows": float(uncommitted.max()) if uncommitted.size else math.nan,
+            "recovered_s_after_resume": (u_back - resumed_at) if u_back is not None else None,
         },
         "window": {
             "steady_rows": _stats(wrows[steady]),
@@ -259,12 +283,19 @@ def analyze(
         _, orows = sampler.series(other, "window_rows")
         _, obytes = sampler.series(other, "window_bytes")
         during = (t >= stopped_at) & (t <= resumed_at + 5.0)
+        _, ocommitted = sampler.series(other, "committed")
+        frozen_rows = ocommitted[(t >= stopped_at) & (t <= resumed_at)]
         out["other_mappers"][str(other)] = {
             "lag_steady": _stats(olag[steady]),
             "lag_peak_during": float(olag[during].max()) if during.any() else math.nan,
             "window_rows_steady": _stats(orows[steady]),
             "window_rows_peak_during": float(orows[during].max()) if during.any() else math.nan,
             "window_bytes_peak_during": float(obytes[during].max()) if during.any() else math.nan,
+            # Input rows whose effects every reducer committed (and the mapper heard of)
+            # between the stop and the resume.
+            "input_rows_committed_while_frozen": (
+                float(frozen_rows.max() - frozen_rows.min()) if frozen_rows.size else math.nan
+            ),
         }
     samples = pipeline.collector.samples()
     reducers: dict[str, Any] = {}
@@ -286,10 +317,34 @@ def analyze(
                 for x in range(pipeline.num_mappers)
             },
         }
+    # The commit times above are when on_commit ran, which is after the acknowledgement
+    # GetRows: to a frozen mapper that call waits for the deadline. The reducers' status
+    # records count commits as they happen (heartbeat thread), which dates them within a
+    # sampling period.
+    times = np.array([row["t"] for row in sampler.rows])
+    for r in range(pipeline.num_reducers):
+        counts = np.array([float(row[f"r{r}"]["commits"]) for row in sampler.rows])
+        changed = times[1:][np.diff(counts) > 0]
+        around = changed[(changed >= stopped_at - 5.0) & (changed <= resumed_at + 15.0)]
+        steady_changes = changed[(changed >= stopped_at - steady_seconds) & (changed < stopped_at)]
+        entry = reducers.setdefault(str(r), {})
+        entry["status_gap_max_around_stop_s"] = (
+            float(np.diff(around).max()) if around.size > 1 else math.nan
+        )
+        entry["status_gap_max_before_s"] = (
+            float(np.diff(steady_changes).max()) if steady_changes.size > 1 else math.nan
+        )
+        entry["status_first_commit_after_stop_s"] = next(
+            (float(c - stopped_at) for c in changed if c > stopped_at + 2 * sampler.period), None
+        )
+        entry["status_first_commit_after_resume_s"] = next(
+            (float(c - resumed_at) for c in changed if c > resumed_at), None
+        )
     out["reducers"] = reducers
     lat: dict[str, Any] = {}
     phases = {
-        "before": (step["start"] + 3.0, stopped_at),
+        # Rows appended just before the stop wait through it too: leave 2 s out.
+        "before": (step["start"] + 3.0, stopped_at - 2.0),
         "frozen": (stopped_at, resumed_at),
         "after": (resumed_at, step["end"]),
     }
@@ -312,16 +367,19 @@ def analyze(
 def _print(r: dict[str, Any]) -> None:
     lag, win = r["lag"], r["window"]
     rec = lag["recovered_s_after_resume"]
+    urec = r["uncommitted"]["recovered_s_after_resume"]
     log(
         f"{r['label']}: mapper {r['mapper']} frozen {r['frozen_s']:.2f} s at "
         f"{r['rate']:,.0f} rows/s: lag steady <= {lag['steady_level_rows']:,.0f} rows, peak "
         f"{lag['peak_rows']:,.0f} rows ({lag['peak_s_of_input']:.1f} s of input), back to "
-        f"steady {'never' if rec is None else f'{rec:.2f} s'} after resume; window peak "
+        f"steady {'never' if rec is None else f'{rec:.2f} s'} after resume (uncommitted rows: "
+        f"{'never' if urec is None else f'{urec:.2f} s'}); window peak "
         f"{win['peak_rows_after_resume']:,.0f} rows / {win['peak_bytes_after_resume'] / 1e6:.1f}"
         f" MB (steady max {win['steady_rows'].get('max', math.nan):,.0f} rows); reducers' "
-        f"longest commit gap "
+        f"longest time without a commit (status records) "
         + ", ".join(
-            f"r{k} {v['gap_max_around_stop_s']:.2f} s (before {v['gap_max_before_s']:.2f} s)"
+            f"r{k} {v['status_gap_max_around_stop_s']:.2f} s (before "
+            f"{v['status_gap_max_before_s']:.2f} s)"
             for k, v in r["reducers"].items()
         )
         + f"; {r['verified']['summary']}"
@@ -332,24 +390,24 @@ def table(results: list[dict[str, Any]]) -> str:
     """The markdown table."""
     lines = [
         "| run | rate rows/s | frozen s | rpc timeout s | lag steady ≤ rows | lag peak rows (s of "
-        "input) | lag back to steady after resume s | window peak after resume rows / MB "
-        "| window steady max rows | other mapper window peak rows | reducer longest commit gap s "
-        "(before) | other mapper's rows committed while frozen | latency p99 ms before / "
-        "frozen / after (other mapper) | exact | load before/after |",
-        "|" + "---|" * 15,
+        "input) | lag back to steady after resume s | uncommitted rows back to steady after "
+        "resume s | window peak after resume rows / MB "
+        "| window steady max rows | other mapper window peak rows | each reducer's longest time "
+        "without a commit, s (before) | other mapper's input rows committed while frozen "
+        "| latency p99 ms before / frozen / after (other mapper) | exact | load before/after |",
+        "|" + "---|" * 16,
     ]
     for r in results:
         lag, win = r["lag"], r["window"]
         rec = lag["recovered_s_after_resume"]
+        urec = r["uncommitted"]["recovered_s_after_resume"]
         other = next(iter(r["other_mappers"].values()), {})
         o = next(k for k in range(len(r["other_mappers"]) + 1) if k != r["mapper"])
         gaps_text = ", ".join(
-            f"{v['gap_max_around_stop_s']:.2f} ({v['gap_max_before_s']:.2f})"
+            f"{v['status_gap_max_around_stop_s']:.1f} ({v['status_gap_max_before_s']:.1f})"
             for v in r["reducers"].values()
         )
-        committed = sum(
-            v["rows_committed_while_frozen"].get(str(o), 0) for v in r["reducers"].values()
-        )
+        committed = other.get("input_rows_committed_while_frozen", math.nan)
         lat = [
             r["latency"].get(f"{p}/mapper{o}", {}).get("p99") for p in ("before", "frozen", "after")
         ]
@@ -358,10 +416,11 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{r['settings']['tuning']['rpc_timeout_seconds']:g} | "
             f"{lag['steady_level_rows']:,.0f} | {lag['peak_rows']:,.0f} "
             f"({lag['peak_s_of_input']:.1f}) | {'never' if rec is None else f'{rec:.2f}'} | "
+            f"{'never' if urec is None else f'{urec:.2f}'} | "
             f"{win['peak_rows_after_resume']:,.0f} / {win['peak_bytes_after_resume'] / 1e6:.1f} | "
             f"{win['steady_rows'].get('max', math.nan):,.0f} | "
             f"{other.get('window_rows_peak_during', math.nan):,.0f} | {gaps_text} | "
-            f"{committed:,} | {' / '.join(fmt_ms(x) for x in lat)} | "
+            f"{committed:,.0f} | {' / '.join(fmt_ms(x) for x in lat)} | "
             f"{'yes' if r['verified']['ok'] else 'NO'} | "
             f"{r['load'][0].split()[0]} / {r['load'][1].split()[0]} |"
         )
