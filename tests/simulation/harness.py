@@ -3,11 +3,13 @@
 The REAL worker classes run here (:class:`MapperWorker`, :class:`ReducerWorker`), stepped
 one protocol step at a time by the test, against:
 
-- a real SQLite store in a temporary file, wrapped by :class:`FaultyStore` so that commits
-  can fail with a conflict, fail *after being applied* (``CommitUnknownResultError``, as
-  FoundationDB reports), take longer than the five-second limit, or the store can be
-  unavailable; latency is modelled by running other steps while a worker's transaction is
-  being created or committed (:meth:`FaultPlan.stall`);
+- a real SQLite store in a temporary file (``synchronous=normal``: commits stay atomic and
+  survive a process crash; only power loss is out of scope), wrapped by
+  :class:`FaultyStore` so that commits can fail with a conflict, fail *after being
+  applied* (``CommitUnknownResultError``, as FoundationDB reports), take longer than the
+  five-second limit, or the store can be unavailable; latency is modelled by running
+  other steps while a worker's transaction is being created or committed
+  (:meth:`FaultPlan.stall`);
 - :class:`SimNetwork`, an in-process :class:`~millstream.rpc.client.RowsClient` that drops,
   duplicates, delays and reorders GetRows requests and responses, and can run other steps
   between a reducer's state read, the mappers' answers and the reducer's commit (so a
@@ -368,7 +370,8 @@ class WindowProbe:
 
     def __init__(self, window: Any) -> None:
         self.window = window
-        self.ledger: dict[int, tuple[int, int]] = {}
+        # entry index -> (bytes, rows, input rows begin, end) when pushed
+        self.ledger: dict[int, tuple[int, int, int, int]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.window, name)
@@ -376,15 +379,17 @@ class WindowProbe:
     def push(self, batch: Any, indices: Any, end: int, token: bytes) -> Any:
         w = self.window
         first, n = w.first_entry_index, w.num_entries
-        size, rows = w.buffered_bytes, w.buffered_rows
+        size, rows, begin = w.buffered_bytes, w.buffered_rows, w.input_end_row_index
         result = w.push(batch, indices, end, token)
         gone = range(first, w.first_entry_index)
         new = first + n
         if w.first_entry_index <= new:
             freed = [self.ledger[i] for i in gone]
             self.ledger[new] = (
-                w.buffered_bytes - size + sum(b for b, _ in freed),
-                w.buffered_rows - rows + sum(r for _, r in freed),
+                w.buffered_bytes - size + sum(e[0] for e in freed),
+                w.buffered_rows - rows + sum(e[1] for e in freed),
+                begin,
+                end,
             )
         for i in gone:
             self.ledger.pop(i, None)
@@ -608,7 +613,7 @@ class Simulation:
             mapper=SimMapper,
             reducer=SimReducer,
             input=SimInput(self.partitions),
-            store=f"sqlite:///{os.path.join(self.dir, 'sim.db')}",
+            store=f"sqlite:///{os.path.join(self.dir, 'sim.db')}?synchronous=normal",
             num_reducers=config.num_reducers,
             name="sim",
             config={"preaggregate": config.preaggregate, "observe": self.oracle.observe},
@@ -727,7 +732,7 @@ class Simulation:
         insts = self.mappers[m]
         return insts[k % len(insts)] if insts else None
 
-    def _mapper_step(self, inst: MapperInstance, what: str, step: Callable[[], object]) -> None:
+    def _mapper_step(self, inst: MapperInstance, what: str, step: Callable[[], object]) -> object:
         """One step of the mapper's loop, with the loop's error handling.
 
         A step of an instance that is already in the middle of one (its ingestion thread
@@ -737,8 +742,9 @@ class Simulation:
         who = f"m{w.index}@{w.guid} {what}"
         if id(w) in self.busy:
             self.note(f"{who}: busy")
-            return
+            return None
         self.busy.add(id(w))
+        result: object = None
         try:
             if inst.restarting:
                 w.start_ingestion()
@@ -763,6 +769,7 @@ class Simulation:
             self._kill(inst)
         finally:
             self.busy.discard(id(w))
+        return result
 
     def _kill(self, inst: MapperInstance) -> None:
         m = inst.worker.index
@@ -772,13 +779,14 @@ class Simulation:
             del self.bound[inst.address]
         self.note(f"kill m{m}@{inst.worker.guid}")
 
-    def ingest_instance(self, inst: MapperInstance) -> None:
+    def ingest_instance(self, inst: MapperInstance) -> bool:
+        """One ingestion step; returns whether rows were appended to the window."""
         window = inst.worker.window
         if window is not None and not inst.restarting and not window.wait_for_room(0):
             self.events["mapper_window_full"] += 1
             self.note(f"m{inst.worker.index}@{inst.worker.guid} ingest: window full")
-            return
-        self._mapper_step(inst, "ingest", inst.worker.ingest_once)
+            return False
+        return self._mapper_step(inst, "ingest", inst.worker.ingest_once) is True
 
     def ingest(self, m: int, k: int) -> None:
         inst = self._mapper(m, k)
@@ -801,15 +809,17 @@ class Simulation:
         before: Sequence[Action] = (),
         after: Sequence[Action] = (),
         reverse: bool = False,
-    ) -> None:
+    ) -> bool:
+        """One reducer iteration; returns whether it committed."""
         insts = self.reducers[r]
         if not insts:
-            return
+            return False
         inst = insts[k % len(insts)]
         w = inst.worker
         if id(w) in self.busy:
             self.note(f"r{r}@{w.guid} reduce: busy")
-            return
+            return False
+        committed = False
         self.net.faults, self.net.before, self.net.after = faults, before, after
         self.net.reverse = reverse
         self.nested_depth += 1
@@ -835,10 +845,11 @@ class Simulation:
             self.busy.discard(id(w))
             self.nested_depth -= 1
             self.net.faults, self.net.before, self.net.after = (), (), ()
+        return committed
 
-    def reduce_all(self) -> None:
-        for r in range(self.R):
-            self.reduce(r, 0)
+    def reduce_all(self) -> bool:
+        """Every reducer's first instance reduces once; returns whether any committed."""
+        return sum(self.reduce(r, 0) for r in range(self.R)) > 0
 
     def run_nested(self, actions: Sequence[Action]) -> None:
         """Steps that happen while a worker waits on the network or the store."""
@@ -852,34 +863,46 @@ class Simulation:
     # -- composite steps ----------------------------------------------------------------
 
     def split_brain_race(
-        self,
-        m: int,
-        a_first: int,
-        b_ingests: int,
-        grow: int,
-        stall: int | None,
-        a_ingests: int,
+        self, m: int, a_lead: bool, grow: int, stall: int | None, a_ingests: int
     ) -> None:
         """The sequence the mapper's split-brain check exists for (thesis 4.3.3 step 3).
 
-        Two live instances A (older) and B of mapper ``m``. A ingests ``a_first`` batches;
-        B ingests ``b_ingests`` batches and the reducers
-        commit its rows; more input arrives; B persists its state and trims the input; A
-        becomes the freshest in discovery and ingests from where its stale window ends,
-        below B's trim point; the reducers fetch from A and commit. With ``stall`` set, B's
-        trim and A's heartbeat happen while A's ingestion waits on its ``stall``-th store
-        call instead of before it.
+        Two live instances A (older) and B of mapper ``m``, with the store, the partition
+        and the network up. With ``a_lead``, A first maps every full batch of the input so
+        far (and a row arrives if none is left). B then maps all there is, its last batch
+        cut short by the end of the input; the reducers commit everything, and ``grow``
+        more rows arrive. B persists its state and trims the input, A becomes the freshest
+        in discovery, and A ingests from where its stale window ends, below B's trim point,
+        where there is now more input than when that batch was first cut; the reducers
+        fetch from A and commit. With ``stall`` set, B's trim and A's heartbeat happen
+        while A's ingestion waits on its ``stall``-th store call instead of before it.
         """
+        self.plan.unavailable = False
+        self.partitions[m].unavailable = False
+        self.net.unreachable.discard(m)
         if len(self.mappers[m]) < 2:
             self.start_mapper(m)
         a, b = self.mappers[m][0], self.mappers[m][-1]
-        for _ in range(a_first):
-            self.ingest_instance(a)
+        p, batch_rows = self.partitions[m], self.config.batch_rows
+        for _ in range(8):
+            w = a.worker.window
+            if not a_lead or a.restarting or w is None:
+                break
+            if p.visible - w.input_end_row_index < batch_rows:
+                break
+            if not self.ingest_instance(a):
+                break
+        w = a.worker.window
+        if a_lead and w is not None and p.visible == w.input_end_row_index:
+            self.produce(m, 1)  # so that B's last batch is a short one
         self.heartbeat(b)
-        for _ in range(b_ingests):
-            self.ingest_instance(b)
+        for _ in range(12):
+            if not self.ingest_instance(b):
+                break
             self.reduce_all()
-        self.reduce_all()
+        for _ in range(8):
+            if not self.reduce_all():
+                break
         self.produce(m, grow)
 
         def trim_b_then_beat_a() -> None:
@@ -1058,15 +1081,23 @@ class Simulation:
         if isinstance(w, WindowProbe):
             live = range(w.first_entry_index, w.first_entry_index + w.num_entries)
             held = [w.ledger[i] for i in live]
-            assert w.buffered_bytes == sum(b for b, _ in held), (
+            assert w.buffered_bytes == sum(e[0] for e in held), (
                 f"{who}: buffered_bytes {w.buffered_bytes} but its {len(held)} entries were "
-                f"pushed with {sum(b for b, _ in held)} bytes"
+                f"pushed with {sum(e[0] for e in held)} bytes"
             )
-            assert w.buffered_rows == sum(r for _, r in held), (
+            assert w.buffered_rows == sum(e[1] for e in held), (
                 f"{who}: buffered_rows {w.buffered_rows} but its entries hold "
-                f"{sum(r for _, r in held)}"
+                f"{sum(e[1] for e in held)}"
             )
-            assert all(b > 0 for b, _ in held), f"{who}: an entry of 0 bytes: {held}"
+            assert all(e[0] > 0 for e in held), f"{who}: an entry of 0 bytes: {held}"
+            if self.oracle.preaggregate:
+                # Every batch in the window is cut where the first instance cut it.
+                cuts = self.oracle.cuts[m]
+                recut = [e[2:] for e in held if e[2] < e[3] and cuts.get(e[2]) != e[3]]
+                assert not recut, (
+                    f"{who}: holds batches of input rows {recut} but the batches there were "
+                    f"first cut as {[(b, cuts.get(b)) for b, _ in recut]}"
+                )
         # Rows at or below a reducer's committed index are dropped on push, so the entries
         # hold at most the rows of their shuffle range and at least the buffered ones.
         assert w.buffered_rows <= end - shuffle_unread, (

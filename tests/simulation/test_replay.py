@@ -37,7 +37,7 @@ STEPS: list[Action] = [
     ("reduce", 1, 0, ("delay_request", "drop_response"), (), (("heartbeat", 1, 0),), True),
     ("deliver_late",),
     ("duplicate_mapper", 0),
-    ("split_brain_race", 0, 1, 2, 4, 1, 2),
+    ("split_brain_race", 0, True, 4, 1, 2),
     ("restart_mid_stream", 1, 3, 2),
     ("store_latency", 1, (("trim", 1, 0), ("reduce", 0, 0))),
     ("reduce", 1, 0, (), (), (), False),

@@ -25,7 +25,7 @@ from millstream.workers.mapper import plan_key
 from tests.simulation.test_protocol_simulation import PROFILE, ProtocolMachine
 
 MUTANT_SETTINGS = settings(
-    max_examples=400 if PROFILE == "ci" else 4000,
+    max_examples=1000 if PROFILE == "ci" else 4000,
     stateful_step_count=40,
     deadline=None,
     derandomize=PROFILE == "ci",
@@ -146,4 +146,6 @@ def test_simulation_catches_mutant(mutant: str, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(cls, name, replacement)
     with pytest.raises(AssertionError) as caught:
         run_state_machine_as_test(ProtocolMachine, settings=MUTANT_SETTINGS)
-    print(f"mutant {mutant} caught: {caught.value}")
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    print(f"mutant {mutant} caught: {caught.value}\n{notes}")
+    assert "replay(SimConfig(" in notes
