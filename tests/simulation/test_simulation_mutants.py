@@ -144,8 +144,16 @@ MUTANTS: dict[str, tuple[type, str, Callable[..., Any]]] = {
 def test_simulation_catches_mutant(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cls, name, replacement = MUTANTS[mutant]
     monkeypatch.setattr(cls, name, replacement)
-    with pytest.raises(AssertionError) as caught:
+    # Shrinking may tell several distinct failures apart: they come as an ExceptionGroup.
+    with pytest.raises((AssertionError, ExceptionGroup)) as caught:
         run_state_machine_as_test(ProtocolMachine, settings=MUTANT_SETTINGS)
-    notes = "\n".join(getattr(caught.value, "__notes__", []))
-    print(f"mutant {mutant} caught: {caught.value}\n{notes}")
-    assert "replay(SimConfig(" in notes
+    failures = (
+        list(caught.value.exceptions)
+        if isinstance(caught.value, ExceptionGroup)
+        else [caught.value]
+    )
+    for failure in failures:
+        assert isinstance(failure, AssertionError), failure
+        notes = "\n".join(getattr(failure, "__notes__", []))
+        print(f"mutant {mutant} caught: {failure}\n{notes}")
+        assert "replay(SimConfig(" in notes
