@@ -9,8 +9,8 @@
   key)`` and the three smallest payloads ``("smallest", key)`` (newline-joined; the
   workload's payloads are ASCII letters, digits, ``+`` and ``-``).
 
-Every reducer reports its commits through :class:`CommitReporter`: one JSON line per
-committed transaction (reducer, shuffle rows, commit time) written to a FIFO named by the
+Every reducer reports its start and its commits through :class:`CommitReporter`: one JSON
+line per committed transaction (reducer, shuffle rows, commit time) written to a FIFO named by the
 ``MILLSTREAM_BENCH_FIFO`` environment variable, so the benchmark times every commit without
 writing anything to disk. With ``config["write_output"] = False`` the reducers do all their
 work but write no output, which measures the bookkeeping's own writes.
@@ -42,6 +42,11 @@ class CommitReporter(ms.Reducer):
         self.write_output = bool(config.get("write_output", True))
         path = os.environ.get(FIFO_ENV)
         self._fd = os.open(path, os.O_WRONLY) if path else -1
+        self._send({"r": spec.index, "started": time.time()})
+
+    def _send(self, record: dict[str, Any]) -> None:
+        if self._fd >= 0:
+            os.write(self._fd, (json.dumps(record) + "\n").encode())
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
         self.pending_rows = batch.num_rows
@@ -59,9 +64,7 @@ class CommitReporter(ms.Reducer):
         raise NotImplementedError
 
     def on_commit(self) -> None:
-        if self._fd >= 0:
-            line = json.dumps({"r": self.spec.index, "rows": self.pending_rows, "t": time.time()})
-            os.write(self._fd, (line + "\n").encode())
+        self._send({"r": self.spec.index, "rows": self.pending_rows, "t": time.time()})
 
 
 def _table(batch: pa.RecordBatch) -> pa.Table:

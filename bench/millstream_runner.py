@@ -123,6 +123,7 @@ class CommitListener:
         # reducer reopens it) and opening does not wait for a writer.
         self._fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
         self.commits: list[dict[str, Any]] = []
+        self.starts: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="commit-listener", daemon=True)
         self._thread.start()
@@ -137,7 +138,11 @@ class CommitListener:
                 except BlockingIOError:
                     continue
                 *lines, pending = pending.split(b"\n")
-                self.commits += [json.loads(line) for line in lines if line]
+                for record in (json.loads(line) for line in lines if line):
+                    if "started" in record:
+                        self.starts.append(record["started"])
+                    else:
+                        self.commits.append(record)
             elif self._stop.is_set():
                 return
 
@@ -195,6 +200,12 @@ def _run_measured(
         status, report = run_subprocess(args, env=env, cwd=str(REPO), on_sample=progress)
     finally:
         commits = listener.stop()
+    if listener.starts:
+        log(
+            f"    reducers started {min(listener.starts) - launch:.2f}-"
+            f"{max(listener.starts) - launch:.2f} s after launch, first commit "
+            f"{commits[0]['t'] - launch if commits else float('nan'):.2f} s"
+        )
     if status != 0:
         raise RuntimeError(f"millstream child failed with status {status}; see its output above")
     summary = json.loads((run_dir / "child.json").read_text())
