@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import millstream as ms
@@ -29,6 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 FIFO_ENV = "MILLSTREAM_BENCH_FIFO"
+NAME = "bench"
+"""The processor's name (its store prefix)."""
 SMALLEST = 3
 SEPARATOR = "\n"
 
@@ -178,3 +181,26 @@ JOBS: dict[str, tuple[type[ms.Mapper], type[CommitReporter], tuple[str, ...]]] =
     "smallest": (RouteRows, KeepSmallest, ("key", "payload")),
 }
 """Workload name: mapper, reducer, and the input columns the job reads."""
+
+
+def build_processor(
+    input_dir: Path, kind: str, run_dir: Path, settings: dict[str, Any], *, write_output: bool
+) -> ms.Processor:
+    """The processor of workload ``kind`` over ``input_dir`` with its store in ``run_dir``.
+
+    ``settings``: ``num_reducers``, ``batch_rows`` and ``commit_interval_seconds``.
+    """
+    mapper, reducer, columns = JOBS[kind]
+    return ms.Processor(
+        mapper=mapper,
+        reducer=reducer,
+        input=ms.inputs.ParquetLog(str(input_dir), columns=columns),
+        store=f"sqlite:///{run_dir / 'state.db'}",
+        num_reducers=settings["num_reducers"],
+        name=NAME,
+        config={"write_output": write_output},
+        tuning=ms.Tuning(
+            batch_rows=settings["batch_rows"],
+            commit_interval_seconds=settings["commit_interval_seconds"],
+        ),
+    )

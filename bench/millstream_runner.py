@@ -1,6 +1,6 @@
 """The benchmark workloads through millstream's local runner, measured like Spark's.
 
-A child process (``--child``) builds a :class:`millstream.Processor` over
+A child process (:mod:`bench.millstream_child`) builds a :class:`millstream.Processor` over
 ``millstream.inputs.ParquetLog(workload.path)`` (one mapper per ``partition=<p>``
 directory), with the jobs of :mod:`bench.millstream_jobs` and the embedded SQLite store in
 a fresh run directory, and runs it until the bounded input drains. The parent measures the
@@ -46,7 +46,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench.io_meter import IOReport, run_subprocess
-from bench.millstream_jobs import FIFO_ENV, JOBS, SEPARATOR, SMALLEST
+from bench.millstream_jobs import FIFO_ENV, JOBS, NAME, SEPARATOR, SMALLEST
 from bench.result import BatchRecord, RunResult, loadavg, print_result
 from bench.verify import compare
 from bench.workload import SCHEMA, Workload, add_spec_arguments, generate, spec_from_args
@@ -54,7 +54,6 @@ from bench.workload import SCHEMA, Workload, add_spec_arguments, generate, spec_
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 WORKLOADS = tuple(JOBS)
-NAME = "bench"
 
 
 class MillstreamUnavailable(RuntimeError):
@@ -76,42 +75,6 @@ class MillstreamOptions:
     batch_rows: int = 250_000
     commit_interval_seconds: float = 0.5
     bookkeeping_run: bool = True
-
-
-def build_processor(
-    input_dir: Path, kind: str, run_dir: Path, opts: MillstreamOptions, *, write_output: bool
-) -> Any:
-    """The processor of workload ``kind`` over ``input_dir`` with its store in ``run_dir``."""
-    import millstream as ms
-
-    mapper, reducer, columns = JOBS[kind]
-    return ms.Processor(
-        mapper=mapper,
-        reducer=reducer,
-        input=ms.inputs.ParquetLog(str(input_dir), columns=columns),
-        store=f"sqlite:///{run_dir / 'state.db'}",
-        num_reducers=opts.num_reducers,
-        name=NAME,
-        config={"write_output": write_output},
-        tuning=ms.Tuning(
-            batch_rows=opts.batch_rows, commit_interval_seconds=opts.commit_interval_seconds
-        ),
-    )
-
-
-def run_child(args: argparse.Namespace) -> None:
-    """In the measured child: run the processor to the end and report its summary."""
-    from millstream.runner.local import start_fork_server
-
-    start_fork_server()  # as `millstream run` does: its imports overlap the rest of start-up
-    opts = MillstreamOptions(**json.loads(args.options))
-    run_dir = Path(args.run_dir)
-    processor = build_processor(
-        Path(args.input), args.workload, run_dir, opts, write_output=not args.no_output
-    )
-    summary = processor.run_local(progress=False)
-    print(f"    {summary}", flush=True)
-    (run_dir / "child.json").write_text(json.dumps(asdict(summary)))
 
 
 class CommitListener:
@@ -171,19 +134,19 @@ def _run_measured(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env[FIFO_ENV] = str(run_dir / "commits.fifo")
+    settings = {
+        "num_reducers": opts.num_reducers,
+        "batch_rows": opts.batch_rows,
+        "commit_interval_seconds": opts.commit_interval_seconds,
+    }
     args = [
         sys.executable,
         "-m",
-        "bench.millstream_runner",
-        "--child",
-        "--workload",
+        "bench.millstream_child",
         kind,
-        "--input",
         str(workload.path),
-        "--run-dir",
         str(run_dir),
-        "--options",
-        json.dumps(asdict(opts)),
+        json.dumps(settings),
     ]
     if not write_output:
         args.append("--no-output")
@@ -371,17 +334,9 @@ def options_from_args(args: argparse.Namespace) -> MillstreamOptions:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=WORKLOADS, default="keyed_sum")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--no-output", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--input", help=argparse.SUPPRESS)
-    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--options", help=argparse.SUPPRESS)
     add_spec_arguments(parser)
     add_millstream_arguments(parser)
     args = parser.parse_args()
-    if args.child:
-        run_child(args)
-        return
     workload = generate(spec_from_args(args), args.data_root, verbose=True)
     result = measure(workload, args.workload, options_from_args(args))
     result.save(RESULTS / "millstream" / f"{args.workload}-{workload.spec.rows}.json")
