@@ -833,8 +833,8 @@ class Simulation:
             self.events["reducer_store_error"] += 1
             self.note(f"r{r}@{w.guid} reduce: {type(exc).__name__}")
         except TransactionTooLargeError:
-            # Fatal for the worker (a slow commit of a single row counts as too large);
-            # the runner restarts the process.
+            # Fatal for the worker (one row's writes exceed the limit); the runner restarts
+            # the process.
             self.events["reducer_crashed"] += 1
             self.note(f"r{r}@{w.guid} reduce: crashed on TransactionTooLargeError")
             if inst in insts:

@@ -191,7 +191,7 @@ class ReducerWorker:
                 state, ReducerState(tuple(new)), batch, ranges, payloads
             )
         except (TransactionTooLargeError, TransactionTooOldError) as exc:
-            if batch.num_rows <= 1:
+            if batch.num_rows <= 1 and isinstance(exc, TransactionTooLargeError):
                 raise TransactionTooLargeError(
                     f"reducer {self.index}: the writes of reduce for one row "
                     f"({'; '.join(ranges)}) exceed the store's transaction limits: {exc}. "
