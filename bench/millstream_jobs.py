@@ -195,7 +195,8 @@ def build_processor(
         mapper=mapper,
         reducer=reducer,
         input=ms.inputs.ParquetLog(str(input_dir), columns=columns),
-        store=f"sqlite:///{run_dir / 'state.db'}",
+        # A 64 MB write-ahead log: a page many commits rewrite is copied back once.
+        store=f"sqlite:///{run_dir / 'state.db'}?checkpoint_pages=16384",
         num_reducers=settings["num_reducers"],
         name=NAME,
         config={"write_output": write_output},

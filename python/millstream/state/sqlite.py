@@ -39,13 +39,16 @@ from millstream.state.limits import StoreLimits
 APPLICATION_ID = 0x4D534D31
 """``PRAGMA application_id`` of a millstream store file ('MSM1')."""
 
-DEFAULT_CHECKPOINT_PAGES = 16_384
-"""WAL pages (4 KiB) after which a commit copies the log into the database file.
+DEFAULT_CHECKPOINT_PAGES = 1_000
+"""WAL pages (4 KiB) after which a commit copies the log into the database file (SQLite's
+default).
 
-SQLite's default, 1,000 pages, copies a store whose hot keys fill a few MB back into the
-file after nearly every reducer commit, doubling the bytes written; with 64 MB of log a
-page rewritten by many commits is copied once. Measured on the 20 M-row keyed sum: 0.040
-bytes written per input byte with 1,000 pages, 0.019 with a large log.
+A store whose hot keys fill a few MB is copied back into the file after nearly every
+reducer commit, doubling the bytes written; ``checkpoint_pages=16384`` in the store URL
+copies a page that many commits rewrite once (measured on the 20 M-row keyed sum: 0.040
+bytes written per input byte with 1,000 pages, 0.019 with 16,384). Not the default yet: with
+a large log, a connection opened while the last other one closes (and checkpoints the whole
+log) was seen to fail at once with "database is locked".
 """
 
 SCHEMA_VERSION = 1
