@@ -11,7 +11,8 @@ minus the time it was appended (taken just before the append transaction), for e
 Three measurements:
 
 1. **Peak** (``--mode ramp``): the producer offers rising rates (``--ramp-start`` rows/s,
-   times ``--ramp-factor`` every ``--step-seconds``) until the pipeline falls behind. A
+   times ``--ramp-factor`` every ``--step-seconds``) until the pipeline falls behind
+   (a backlog over 2 s of input) or the producer falls 10 % short of two steps. A
    step is *sustained* when the producer kept its schedule (>= 97 % of the offered rate),
    the latency of the step's rows did not grow (least-squares slope of latency against
    append time <= 0.05 s/s) and their p99 stayed under 1 s. The peak is the highest
@@ -316,11 +317,21 @@ def run_ramp(args: argparse.Namespace, label: str) -> dict[str, Any]:
             if pipeline.failed():
                 raise RuntimeError(f"the processor failed: {pipeline.failed()}")
             appended, committed = _progress(pipeline, t0, producer, last)
-            current = steps[min(len(producer.steps), len(steps) - 1)].rate
-            if not stopped and appended - committed > max(100_000, 2.0 * current):
+            done = producer.steps
+            achieved = done[-1]["achieved_rate"] if done else steps[0].rate
+            short = [s for s in done[-2:] if s["achieved_rate"] < 0.9 * s["rate"]]
+            if stopped:
+                pass
+            elif len(short) == 2:
+                log("  the producer fell 10 % short of two steps in a row: stopping the ramp")
+                producer.stop()
+                stopped = True
+            elif appended - committed > max(100_000, 2.0 * achieved):
                 behind += 1
                 if behind >= 2:
-                    log(f"  backlog above 2 s of input at {current:,.0f} rows/s: stopping the ramp")
+                    log(
+                        f"  backlog above 2 s of input at {achieved:,.0f} rows/s: stopping the ramp"
+                    )
                     producer.stop()
                     stopped = True
             else:

@@ -472,8 +472,12 @@ def producer_main(
         rows0, appends0 = app.rows, app.appends
         behind: list[float] = []
         took: list[float] = []
+        # A step ends on the clock: a producer that cannot keep up appends back to back
+        # until then (its achieved rate shows it), it does not stretch the step.
         while due < end and not stop.is_set():
             now = time.monotonic()
+            if now >= end:
+                break
             if due > now:
                 time.sleep(due - now)
             behind.append(max(0.0, time.monotonic() - due))
