@@ -15,7 +15,7 @@ import sys
 
 def main(argv: list[str]) -> None:
     """Build the processor, run it until the input drains, write ``child.json``."""
-    from millstream.runner.local import start_fork_server
+    from millstream.runner.forkserver import start_fork_server
 
     start_fork_server()
     import json

@@ -53,7 +53,8 @@ import numpy as np
 import pyarrow as pa
 from millstream import _core
 from millstream.inputs import StoreQueue
-from millstream.runner.local import LocalRunner, RunSummary, start_fork_server
+from millstream.runner.forkserver import start_fork_server
+from millstream.runner.local import LocalRunner, RunSummary
 from millstream.state import decode_int64
 from millstream.state.records import read_statuses
 

@@ -9,14 +9,56 @@ reducer batch commits together with its bookkeeping in one store transaction.
                              input=ms.inputs.ParquetLog("data/"),
                              store="sqlite:///tmp/state.db", num_reducers=2)
     processor.run_local()
+
+The names below are imported on first use: ``import millstream`` alone costs almost
+nothing, so that a runner can start its fork server (which imports pyarrow, gRPC and the
+workers once for all of them) before it pays for those imports itself.
 """
 
-from millstream import exceptions, inputs
-from millstream._core import __version__
-from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
-from millstream.inputs.base import PartitionReader, ReadResult
-from millstream.processor import Input, Processor
-from millstream.runner.local import RunSummary
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from millstream import exceptions, inputs
+    from millstream._core import __version__
+    from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
+    from millstream.inputs.base import PartitionReader, ReadResult
+    from millstream.processor import Input, Processor
+    from millstream.runner.local import RunSummary
+
+_WHERE = {
+    "Input": "millstream.processor",
+    "Mapper": "millstream.api",
+    "PartitionReader": "millstream.inputs.base",
+    "Partitioned": "millstream.api",
+    "Processor": "millstream.processor",
+    "ReadResult": "millstream.inputs.base",
+    "Reducer": "millstream.api",
+    "RunSummary": "millstream.runner.local",
+    "Transaction": "millstream.api",
+    "Tuning": "millstream.api",
+    "WorkerSpec": "millstream.api",
+    "__version__": "millstream._core",
+}
+_SUBMODULES = ("exceptions", "inputs")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"millstream.{name}")
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'millstream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE, *_SUBMODULES])
+
 
 __all__ = [
     "Input",

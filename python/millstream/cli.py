@@ -6,23 +6,22 @@ import argparse
 import importlib
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from millstream.exceptions import MillstreamError
-from millstream.processor import Processor
-from millstream.state import open_store
-from millstream.state.records import (
-    Metric,
-    freshest_workers,
-    list_workers,
-    read_mapper_state,
-    read_processor_info,
-    read_reducer_state,
-    read_statuses,
-)
+
+if TYPE_CHECKING:
+    from millstream.processor import Processor
+    from millstream.state.records import Metric
+
+# The heavy modules (pyarrow, gRPC, the store) are imported inside the commands: ``run``
+# starts the fork server first, so that its imports overlap this process's.
 
 
 def load_processor(reference: str) -> Processor:
     """Import ``module:attribute`` and return the processor it names."""
+    from millstream.processor import Processor
+
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise MillstreamError(f"expected <module>:<processor>, got {reference!r}")
@@ -36,7 +35,7 @@ def load_processor(reference: str) -> Processor:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from millstream.runner.local import start_fork_server
+    from millstream.runner.forkserver import start_fork_server
 
     start_fork_server()  # it imports millstream and pyarrow while the user's module loads
     processor = load_processor(args.processor)
@@ -56,6 +55,16 @@ def _rate(status: dict[str, Metric], what: str) -> float:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from millstream.state import open_store
+    from millstream.state.records import (
+        freshest_workers,
+        list_workers,
+        read_mapper_state,
+        read_processor_info,
+        read_reducer_state,
+        read_statuses,
+    )
+
     store = open_store(args.store, prefix=(args.prefix,))
     txn = store.create_transaction()
     try:

@@ -1,5 +1,22 @@
-"""Runners: where the workers' processes come from."""
+"""Runners: where the workers' processes come from.
 
-from millstream.runner.local import LocalRunner, RunSummary
+``millstream.runner.forkserver`` needs only the standard library; the local runner is
+imported on first use of its names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from millstream.runner.local import LocalRunner, RunSummary
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("LocalRunner", "RunSummary"):
+        return getattr(importlib.import_module("millstream.runner.local"), name)
+    raise AttributeError(f"module 'millstream.runner' has no attribute {name!r}")
+
 
 __all__ = ["LocalRunner", "RunSummary"]

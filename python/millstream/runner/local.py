@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import cProfile
-import multiprocessing as mp
 import os
 import pickle
 import pstats
@@ -13,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -26,6 +24,11 @@ from millstream.exceptions import (
     StoreCorruptError,
     StoreLimitError,
     UserCodeError,
+)
+from millstream.runner.forkserver import (
+    WorkerContext,
+    start_fork_server,
+    worker_context,
 )
 from millstream.state import Store, Transaction, decode_int64
 from millstream.state.records import check_processor_info, read_mapper_state, read_statuses
@@ -41,10 +44,6 @@ other fatal error: configuration, input, store corruption or limits)."""
 
 WorkerId = tuple[str, int, int]
 """(role, index, instance): ``instance`` > 0 only for deliberate duplicates."""
-
-# Large GetRows payloads are allocated and freed in bulk; keep glibc from handing that memory
-# back to the kernel after every call (measured: 8x slower get_rows with the defaults).
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
 @dataclass(frozen=True)
@@ -208,44 +207,6 @@ def summarize(processor: Processor, store: Store, restarts: int, seconds: float)
         batches,
         shuffled,
     )
-
-
-PRELOAD = ["millstream.runner.local", "pyarrow.parquet", "pyarrow.compute", "pyarrow.acero"]
-"""Modules the fork server imports once, so that workers start in milliseconds instead of
-each importing them (about a second of CPU per worker)."""
-
-
-WorkerContext = mp.context.ForkServerContext | mp.context.SpawnContext
-
-
-def worker_context() -> WorkerContext:
-    """Where worker processes come from: a fork server that has imported :data:`PRELOAD`.
-
-    The server is a fresh process (started the spawn way) that only imports modules: it
-    holds no gRPC channel, store connection or thread, so forking it is safe. Falls back to
-    spawn where fork servers do not exist.
-    """
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    return mp.get_context("forkserver")
-
-
-def start_fork_server(processor: Processor | None = None) -> None:
-    """Start the fork server now, so that it imports while this process does other work.
-
-    With ``processor``, the server also imports the user's modules (if it is not running
-    yet). The malloc settings of :data:`MALLOC_ENV` are put in the environment first: the
-    server's allocator reads them once, at its start, and the workers inherit it.
-    """
-    os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
-    if "forkserver" not in mp.get_all_start_methods():
-        return
-    modules: set[str] = set()
-    if processor is not None:
-        modules = {processor.mapper.__module__, processor.reducer.__module__}
-        modules.discard("__main__")
-    mp.set_forkserver_preload([*PRELOAD, *sorted(modules)])
-    forkserver.ensure_running()
 
 
 @dataclass

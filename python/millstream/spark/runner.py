@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from millstream.exceptions import ConfigurationError, MillstreamError, UserCodeError
-from millstream.runner.local import MALLOC_ENV, RunSummary, prepare_store, summarize
+from millstream.runner.forkserver import MALLOC_ENV
+from millstream.runner.local import RunSummary, prepare_store, summarize
 from millstream.spark.slots import check_slots
 from millstream.workers import run_worker
 
