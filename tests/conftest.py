@@ -13,9 +13,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hypothesis import settings
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# No per-example time limit: the tests assert behaviour, not speed, and a loaded 2-core
+# machine (a first call that imports, a Rust build beside the suite) can take longer than
+# hypothesis's 200 ms default for reasons that have nothing to do with the code.
+settings.register_profile("millstream", deadline=None)
+settings.load_profile("millstream")
 
 os.environ.setdefault("MILLSTREAM_EXAMPLE_ROWS", "20000")
 os.environ.setdefault("MILLSTREAM_EXAMPLE_DIR", tempfile.mkdtemp(prefix="millstream-examples-"))

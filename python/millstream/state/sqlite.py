@@ -22,6 +22,7 @@ import os
 import sqlite3
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,16 +40,19 @@ from millstream.state.limits import StoreLimits
 APPLICATION_ID = 0x4D534D31
 """``PRAGMA application_id`` of a millstream store file ('MSM1')."""
 
-DEFAULT_CHECKPOINT_PAGES = 1_000
-"""WAL pages (4 KiB) after which a commit copies the log into the database file (SQLite's
-default).
+DEFAULT_CHECKPOINT_PAGES = 16_384
+"""WAL pages (4 KiB, so 64 MiB of log) after which a commit copies the log into the database
+file.
 
-A store whose hot keys fill a few MB is copied back into the file after nearly every
-reducer commit, doubling the bytes written; ``checkpoint_pages=16384`` in the store URL
-copies a page that many commits rewrite once (measured on the 20 M-row keyed sum: 0.040
-bytes written per input byte with 1,000 pages, 0.019 with 16,384). Not the default yet: with
-a large log, a connection opened while the last other one closes (and checkpoints the whole
-log) was seen to fail at once with "database is locked".
+SQLite's default is 1,000 pages: a store whose hot keys fill a few MB is then copied back
+into the file after nearly every reducer commit, doubling the bytes written. With 16,384 a
+page that many commits rewrite is copied once (measured on the 20 M-row keyed sum: 0.040
+bytes written per input byte with 1,000 pages, 0.019 with 16,384). Set it per store with
+``checkpoint_pages=N`` in the URL.
+
+A longer log makes the last connection's close (which checkpoints the whole log and
+deletes it) take longer, and SQLite answers a connection that starts a transaction during
+that clean-up with SQLITE_BUSY without waiting; :func:`_begin` retries those.
 """
 
 SCHEMA_VERSION = 1
@@ -56,10 +60,46 @@ SCHEMA_VERSION = 1
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 """How long a commit waits for another process's commit before the store counts as locked."""
 
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(exc)
+
+
+def _begin(conn: sqlite3.Connection, statements: tuple[str, ...], timeout_ms: int) -> list[Any]:
+    """Run ``statements`` (those that start a transaction), retrying SQLITE_BUSY.
+
+    SQLite's busy handler covers a wait for another writer, but not every way a
+    transaction can fail to start: while the last connection to a WAL database closes (it
+    checkpoints and deletes the log under an exclusive lock) or a connection recovers the
+    log after a crash, others get SQLITE_BUSY at once (https://sqlite.org/wal.html,
+    "Sometimes Queries Return SQLITE_BUSY In WAL Mode"). Nothing was read or written yet,
+    so retrying is safe; this does it for up to ``timeout_ms`` in all, with short growing
+    sleeps. Returns the rows of the last statement.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    pause = 0.001
+    while True:
+        try:
+            rows: list[Any] = []
+            for statement in statements:
+                rows = conn.execute(statement).fetchall()
+            return rows
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if not _is_busy(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 _INT64 = struct.Struct("<q")
 _IN_CHUNK = 500
 
 _SQL_GET = "SELECT value FROM kv WHERE key = ?"
+_SQL_START_READ = "SELECT 1 FROM kv LIMIT 1"
+"""Any read of the table: in a deferred transaction it takes the snapshot."""
 _SQL_SET = (
     "INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
 )
@@ -196,7 +236,8 @@ class SqliteTransaction(Transaction):
         if self._conn is None:
             conn = self._sqlite.checkout()
             try:
-                conn.execute("BEGIN")
+                # Start the snapshot now: a busy answer is retried here, not on a later read.
+                _begin(conn, ("BEGIN", _SQL_START_READ), self._sqlite.busy_timeout_ms)
             except sqlite3.Error as exc:
                 self._sqlite.release(conn)
                 raise self._sqlite.error(exc) from exc
@@ -476,7 +517,7 @@ class SqliteTransaction(Transaction):
             self._release(rollback=False)
         conn = self._sqlite.checkout()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, ("BEGIN IMMEDIATE",), self._sqlite.busy_timeout_ms)
             try:
                 self._validate(conn)
                 self._apply(conn)
@@ -540,6 +581,11 @@ class SqliteStore(Store):
         """The database file."""
         return self._path
 
+    @property
+    def busy_timeout_ms(self) -> int:
+        """How long a transaction waits to start while another connection holds a lock."""
+        return self._busy_timeout_ms
+
     def error(self, exc: sqlite3.Error) -> StoreError:
         """The millstream error for a sqlite3 error on this store."""
         return map_sqlite_error(exc, self._path, self._busy_timeout_ms)
@@ -574,7 +620,7 @@ class SqliteStore(Store):
     def _initialize(self) -> None:
         conn = self._connect()
         try:
-            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            app_id = _begin(conn, ("PRAGMA application_id",), self._busy_timeout_ms)[0][0]
             tables = {
                 row[0]
                 for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
@@ -593,7 +639,7 @@ class SqliteStore(Store):
                         "on a local file system"
                     )
             if app_id == 0:
-                conn.execute("BEGIN IMMEDIATE")
+                _begin(conn, ("BEGIN IMMEDIATE",), self._busy_timeout_ms)
                 conn.execute(
                     "CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY NOT NULL, "
                     "value NOT NULL) WITHOUT ROWID"

@@ -14,6 +14,7 @@ from millstream.exceptions import (
 )
 from millstream.state import open_store, parse_store_url
 from millstream.state.fdb_backend import load_fdb
+from millstream.state.sqlite import _begin
 
 
 @pytest.mark.parametrize(
@@ -139,3 +140,50 @@ def test_missing_libfdb_c_says_how_to_install(tmp_path: Path) -> None:
 def test_missing_cluster_file(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailableError, match=r"cluster file .* does not exist"):
         open_store(f"fdb://{tmp_path / 'absent.cluster'}")
+
+
+class _ScriptedConnection:
+    """Answers statements with SQLITE_BUSY as scripted, as SQLite does (without calling
+    its busy handler) while the last connection of a WAL database closes."""
+
+    def __init__(self, busy: list[bool], error: str = "database is locked") -> None:
+        self.busy, self.error = iter(busy), error
+        self.statements: list[str] = []
+        self.in_transaction = False
+
+    def execute(self, statement: str) -> sqlite3.Cursor:
+        self.statements.append(statement)
+        if statement == "ROLLBACK":
+            self.in_transaction = False
+        elif next(self.busy, False):
+            raise sqlite3.OperationalError(self.error)
+        elif statement.startswith("BEGIN"):
+            self.in_transaction = True
+        return sqlite3.connect(":memory:").execute("SELECT 1")
+
+
+def test_an_immediate_busy_at_transaction_start_is_retried_from_the_begin() -> None:
+    # BEGIN succeeds, the read that takes the snapshot is answered busy, twice.
+    conn = _ScriptedConnection(busy=[False, True, False, True, False, False])
+    rows = _begin(conn, ("BEGIN", "SELECT 1"), 1_000)  # type: ignore[arg-type]
+    assert rows == [(1,)]
+    assert conn.statements == [
+        *("BEGIN", "SELECT 1", "ROLLBACK"),
+        *("BEGIN", "SELECT 1", "ROLLBACK"),
+        *("BEGIN", "SELECT 1"),
+    ]
+    assert conn.in_transaction
+
+
+def test_other_errors_at_transaction_start_are_not_retried() -> None:
+    conn = _ScriptedConnection(busy=[True], error="disk I/O error")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        _begin(conn, ("BEGIN IMMEDIATE",), 1_000)  # type: ignore[arg-type]
+    assert conn.statements == ["BEGIN IMMEDIATE"]
+
+
+def test_busy_past_the_timeout_is_raised() -> None:
+    conn = _ScriptedConnection(busy=[True] * 10_000)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _begin(conn, ("BEGIN IMMEDIATE",), 50)  # type: ignore[arg-type]
+    assert 3 < len(conn.statements) < 100
