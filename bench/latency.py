@@ -103,6 +103,12 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--synchronous", choices=["full", "normal"], default="full", help="SQLite synchronous"
     )
+    parser.add_argument(
+        "--checkpoint-pages",
+        type=int,
+        default=None,
+        help="SQLite write-ahead log pages between checkpoints (store default 16,384)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's store")
     parser.add_argument(
         "--what-if-flock",
@@ -132,7 +138,14 @@ def make_pipeline(args: argparse.Namespace, label: str) -> Pipeline:
         num_mappers=args.mappers,
         num_reducers=args.reducers,
         keys=args.keys,
-        store_options="" if args.synchronous == "full" else f"synchronous={args.synchronous}",
+        store_options="&".join(
+            ([] if args.synchronous == "full" else [f"synchronous={args.synchronous}"])
+            + (
+                []
+                if args.checkpoint_pages is None
+                else [f"checkpoint_pages={args.checkpoint_pages}"]
+            )
+        ),
         flock_writers=args.what_if_flock,
     )
 

@@ -84,7 +84,12 @@ class PreAggregate(ms.Mapper):
 
 
 class SumIntoStore(CommitReporter):
-    """Folds the partial sums and adds them to the ``("sum", key)`` counters."""
+    """Folds the partial sums and adds them to the ``("sum", reducer, key)`` counters.
+
+    Each reducer keeps its keys under its own index, so that a commit rewrites the pages
+    of its own keys only (keys that interleave with the other reducer's would put both
+    reducers' keys on every page: twice the pages per commit).
+    """
 
     @staticmethod
     def _sums(batch: pa.RecordBatch) -> pa.Table:
@@ -92,7 +97,11 @@ class SumIntoStore(CommitReporter):
 
     def write(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
         sums = self._sums(batch)
-        txn.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
+        txn.add_many(
+            ("sum", self.spec.index),
+            sums["key"].combine_chunks(),
+            sums["value_sum"].combine_chunks(),
+        )
 
     def compute(self, batch: pa.RecordBatch) -> None:
         self._sums(batch)
@@ -161,15 +170,19 @@ class KeepSmallest(CommitReporter):
     def write(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
         counts = self._counts(batch).sort_by("key")
         keys = counts["key"].combine_chunks()
-        txn.add_many(("count",), keys, counts["count_all"].combine_chunks())
-        stored = txn.get_many(("smallest",), keys)
+        txn.add_many(("count", self.spec.index), keys, counts["count_all"].combine_chunks())
+        stored = txn.get_many(("smallest", self.spec.index), keys)
         merged_keys, smallest = self._merge(batch, stored, keys)
         # Both are in key order. Once a key has many rows, a new row rarely displaces one
         # of its three smallest: write only the keys whose three smallest changed.
         smallest = smallest.cast(pa.binary())
         old = pa.array(stored, pa.binary())
         changed = pc.fill_null(pc.not_equal(old, smallest), True)
-        txn.set_many(("smallest",), pa.array(merged_keys).filter(changed), smallest.filter(changed))
+        txn.set_many(
+            ("smallest", self.spec.index),
+            pa.array(merged_keys).filter(changed),
+            smallest.filter(changed),
+        )
 
     def compute(self, batch: pa.RecordBatch) -> None:
         self._counts(batch)

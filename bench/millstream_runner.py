@@ -209,7 +209,9 @@ def read_results(run_dir: Path, kind: str) -> pa.Table:
                         "total": pa.array([decode_int64(v) for _, v in pairs], pa.int64()),
                     }
                 )
-            counts = dict(txn.get_range_startswith(("out", "count"), snapshot=True))
+            counts = {
+                k[-1]: v for k, v in txn.get_range_startswith(("out", "count"), snapshot=True)
+            }
             smallest = txn.get_range_startswith(("out", "smallest"), snapshot=True)
         finally:
             txn.reset()
@@ -220,7 +222,7 @@ def read_results(run_dir: Path, kind: str) -> pa.Table:
     payload = SCHEMA.field("payload").type
     columns: dict[str, pa.Array] = {
         "key": pa.array(keys, pa.int64()),
-        "count": pa.array([decode_int64(counts[("out", "count", k)]) for k in keys], pa.int64()),
+        "count": pa.array([decode_int64(counts[k]) for k in keys], pa.int64()),
     }
     for rank in range(SMALLEST):
         columns[f"s{rank}"] = pa.array([row[rank] for row in kept], payload)
