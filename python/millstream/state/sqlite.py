@@ -622,10 +622,14 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise self.error(exc) from exc
         try:
-            conn.execute("PRAGMA busy_timeout = 0")
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            conn.execute("PRAGMA cache_size = -32768")
-            conn.execute(f"PRAGMA wal_autocheckpoint = {int(self._checkpoint_pages)}")
+            # The first statement reads the schema, which can find the store busy.
+            settings = (
+                "PRAGMA busy_timeout = 0",
+                f"PRAGMA synchronous = {self._synchronous}",
+                "PRAGMA cache_size = -32768",
+                f"PRAGMA wal_autocheckpoint = {int(self._checkpoint_pages)}",
+            )
+            _begin(conn, settings, self._busy_timeout_ms)
             conn.create_function("ms_add", 2, _sql_add, deterministic=True)
         except sqlite3.Error as exc:
             conn.close()
