@@ -2,8 +2,9 @@
 
 Workloads (see :mod:`bench.workload`): ``keyed_sum`` (sum of value per key) and
 ``smallest`` (per key the count and three smallest payloads). Systems: ``spark`` (Spark
-Structured Streaming, :mod:`bench.spark_structured_streaming`) and ``millstream``
-(:mod:`bench.millstream_runner`, the local runner). Every run is
+Structured Streaming, :mod:`bench.spark_structured_streaming`), ``millstream``
+(:mod:`bench.millstream_runner`, the local runner) and ``millstream-spark`` (the same
+processor on millstream's Spark runner). Every run is
 verified key by key; the process exits with status 1 if a run is wrong or a requested
 system is unavailable, after printing the table.
 
@@ -24,6 +25,7 @@ written to ``bench/results/e2e/table.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -35,7 +37,9 @@ from bench.result import MB, RunResult, loadavg, print_result
 from bench.workload import Workload, add_spec_arguments, generate, spec_from_args
 
 RESULTS = Path(__file__).resolve().parent / "results" / "e2e"
-SYSTEMS = ("spark", "millstream")
+SYSTEMS = ("spark", "millstream", "millstream-spark")
+"""Spark Structured Streaming; millstream with its local runner; millstream with its Spark
+runner (every worker a task of one Spark job)."""
 WORKLOADS = spark_structured_streaming.WORKLOADS
 
 
@@ -83,9 +87,9 @@ def run_one(
             )
         result = spark_structured_streaming.measure(workload, kind, opts, log=log)
     else:
-        result = millstream_runner.measure(
-            workload, kind, millstream_runner.options_from_args(args), log=log
-        )
+        runner = "spark" if system == "millstream-spark" else "local"
+        mill_opts = dataclasses.replace(millstream_runner.options_from_args(args), runner=runner)
+        result = millstream_runner.measure(workload, kind, mill_opts, log=log)
     print_result(result, log)
     return result
 
@@ -150,11 +154,13 @@ def table(
             else:
                 continue
             lines.append("| " + " | ".join(cells) + " |")
-        spark, mill = results.get(("spark", kind, rows)), results.get(("millstream", kind, rows))
-        if spark and mill:
-            cells = [kind, "millstream / spark", "", "", ""]
-            cells += [_fmt(fn(mill) / fn(spark), 2) for _, fn, _ in COLUMNS]
-            lines.append("| " + " | ".join(cells) + " |")
+        spark = results.get(("spark", kind, rows))
+        for system in SYSTEMS[1:]:
+            mill = results.get((system, kind, rows))
+            if spark and mill:
+                cells = [kind, f"{system} / spark", "", "", ""]
+                cells += [_fmt(fn(mill) / fn(spark), 2) for _, fn, _ in COLUMNS]
+                lines.append("| " + " | ".join(cells) + " |")
     if marginal_rows:
         lines += [
             "",
@@ -175,16 +181,19 @@ def table(
                     f"| {system} | {small.wall_seconds:.1f} | {large.wall_seconds:.1f} "
                     f"| {rates[system] / 1e6:.3f} | {_fmt(within_run_rate(large, rows) / 1e6, 3)} |"
                 )
-        if len(rates) == 2:
-            ratio = rates["millstream"] / rates["spark"]
-            lines.append(f"| millstream / spark | | | {ratio:.2f} | |")
+        for system in SYSTEMS[1:]:
+            if system in rates and "spark" in rates:
+                ratio = rates[system] / rates["spark"]
+                lines.append(f"| {system} / spark | | | {ratio:.2f} | |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--systems", default="spark,millstream", help="comma-separated: spark,millstream"
+        "--systems",
+        default="spark,millstream,millstream-spark",
+        help="comma-separated: spark,millstream,millstream-spark",
     )
     parser.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="comma-separated: keyed_sum,smallest"

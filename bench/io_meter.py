@@ -75,6 +75,8 @@ class ProcessIO:
     last_sample: int = -1
     gone_sample: int = -1
     reaped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    history: list[tuple[int, tuple[int, int, int, int]]] = field(default_factory=list)
+    """(sample number, raw counters) at every sample: how much a parent grew, and when."""
 
     @property
     def counters(self) -> tuple[int, int, int, int]:
@@ -97,8 +99,23 @@ class ProcessIO:
         return self.wchar - self.baseline[2] - self.reaped[2]
 
 
+def _counters_at(proc: ProcessIO, sample: int) -> tuple[int, int, int, int]:
+    """``proc``'s raw counters at its last sample up to ``sample`` (its baseline before)."""
+    at = proc.baseline
+    for number, counters in proc.history:
+        if number > sample:
+            break
+        at = counters
+    return at
+
+
 def _subtract_reaped(procs: list[ProcessIO]) -> None:
-    """Take each exited child's counters off the tracked parent that reaped it."""
+    """Take each exited child's counters off the tracked parent that reaped it.
+
+    Only what the parent's counters grew by since the child was last seen alive can be
+    the child's (the kernel adds them at the reap): a parent that exits, or is last
+    sampled, before it reaps the child never had them added, so nothing is taken off it.
+    """
     by_pid: dict[int, list[ProcessIO]] = {}
     for p in procs:
         by_pid.setdefault(p.pid, []).append(p)
@@ -113,8 +130,13 @@ def _subtract_reaped(procs: list[ProcessIO]) -> None:
         if not parents:
             continue
         parent = max(parents, key=lambda p: p.start_time)
+        before = _counters_at(parent, child.last_sample)
+        grown = [now - then for now, then in zip(parent.counters, before, strict=True)]
         parent.reaped = tuple(  # type: ignore[assignment]
-            a + b for a, b in zip(parent.reaped, child.counters, strict=True)
+            taken + max(0, min(own, growth, now - base - taken))
+            for taken, own, growth, now, base in zip(
+                parent.reaped, child.counters, grown, parent.counters, parent.baseline, strict=True
+            )
         )
 
 
@@ -314,6 +336,7 @@ class ProcessTreeMeter:
                 self._tracked[ident] = proc
             (proc.write_bytes, proc.cancelled_write_bytes, proc.wchar, proc.read_bytes) = counters
             proc.ppid, proc.last_sample = st[0], self._samples
+            proc.history.append((self._samples, counters))
             proc.rss_bytes = status.get("VmRSS", 0)
             proc.hwm_bytes = max(proc.hwm_bytes, status.get("VmHWM", 0))
             if read_pss:

@@ -1,8 +1,10 @@
 """The measured child of :mod:`bench.millstream_runner`: runs one processor to the end.
 
 A module of its own so that the child imports only millstream and the jobs (not the
-benchmark's meters and data generator), and starts the fork server before anything else,
-as ``millstream run`` does: the server's imports overlap the child's.
+benchmark's meters and data generator). With the local runner it starts the fork server
+before anything else, as ``millstream run`` does: the server's imports overlap the
+child's. With the Spark runner it starts a ``local[mappers + reducers]`` session (every
+worker is a task, so every worker needs a slot) and runs the processor as one Spark job.
 
 Run by the runner as ``python -m bench.millstream_child <workload> <input> <run dir>
 <options JSON> [--no-output]``.
@@ -10,31 +12,61 @@ Run by the runner as ``python -m bench.millstream_child <workload> <input> <run 
 
 from __future__ import annotations
 
+import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from millstream import Processor, RunSummary
 
 
 def main(argv: list[str]) -> None:
     """Build the processor, run it until the input drains, write ``child.json``."""
-    from millstream.runner.forkserver import start_fork_server
+    kind, input_dir, run_dir, options = argv[:4]
+    settings = json.loads(options)
+    runner = settings.pop("runner", "local")
+    if runner == "local":
+        from millstream.runner.forkserver import start_fork_server
 
-    start_fork_server()
-    import json
+        start_fork_server()
     from dataclasses import asdict
     from pathlib import Path
 
     from bench.millstream_jobs import build_processor
 
-    kind, input_dir, run_dir, options = argv[:4]
     processor = build_processor(
-        Path(input_dir),
-        kind,
-        Path(run_dir),
-        json.loads(options),
-        write_output="--no-output" not in argv,
+        Path(input_dir), kind, Path(run_dir), settings, write_output="--no-output" not in argv
     )
-    summary = processor.run_local(progress=False)
+    if runner == "local":
+        summary = processor.run_local(progress=False)
+    elif runner == "spark":
+        summary = _run_on_spark(processor)
+    else:
+        raise SystemExit(f"unknown runner {runner!r}: local or spark")
     print(f"    {summary}", flush=True)
     (Path(run_dir) / "child.json").write_text(json.dumps(asdict(summary)))
+
+
+def _run_on_spark(processor: Processor) -> RunSummary:
+    """``processor`` as one Spark job on a local session with a slot per worker."""
+    import os
+
+    import millstream.spark as mss
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    slots = processor.num_mappers + processor.num_reducers
+    spark = (
+        SparkSession.builder.appName("millstream benchmark")
+        .master(f"local[{slots}]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    try:
+        return mss.run(spark, processor)
+    finally:
+        spark.stop()
 
 
 if __name__ == "__main__":

@@ -69,12 +69,21 @@ class MillstreamOptions:
         batch_rows: Rows a mapper reads per batch.
         commit_interval_seconds: Minimum time between a reducer's commits.
         bookkeeping_run: Also run without output writes to measure bookkeeping alone.
+        runner: ``local`` (one process per worker, :class:`millstream.runner.LocalRunner`)
+            or ``spark`` (every worker a task of one Spark job, :func:`millstream.spark.run`,
+            on a ``local[mappers + reducers]`` session in the measured child).
     """
 
     num_reducers: int = 2
     batch_rows: int = 250_000
     commit_interval_seconds: float = 0.5
     bookkeeping_run: bool = True
+    runner: str = "local"
+
+    @property
+    def system(self) -> str:
+        """The name of the system measured: ``millstream`` or ``millstream-spark``."""
+        return "millstream" if self.runner == "local" else f"millstream-{self.runner}"
 
 
 class CommitListener:
@@ -138,6 +147,7 @@ def _run_measured(
         "num_reducers": opts.num_reducers,
         "batch_rows": opts.batch_rows,
         "commit_interval_seconds": opts.commit_interval_seconds,
+        "runner": opts.runner,
     }
     args = [
         sys.executable,
@@ -251,7 +261,7 @@ def measure(
     except ImportError as exc:
         raise MillstreamUnavailable(f"cannot import millstream ({exc})") from exc
     opts = opts or MillstreamOptions()
-    runs = RESULTS / "millstream" / "runs"
+    runs = RESULTS / opts.system / "runs"
     expected = workload.expected_sum() if kind == "keyed_sum" else workload.expected_smallest()
     load_before = loadavg()
     run_dir = runs / f"{kind}-{workload.spec.rows}"
@@ -294,7 +304,7 @@ def measure(
         written["output"] = max(0, report.write_bytes - quiet.write_bytes)
         settings["bookkeeping_run"] = {"commits": len(quiet_commits), "summary": quiet_summary}
     return RunResult(
-        system="millstream",
+        system=opts.system,
         workload=kind,
         rows=workload.spec.rows,
         input_bytes=workload.input_bytes,
@@ -317,6 +327,12 @@ def add_millstream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-rows", type=int, default=d.batch_rows)
     parser.add_argument("--commit-interval", type=float, default=d.commit_interval_seconds)
     parser.add_argument(
+        "--runner",
+        choices=("local", "spark"),
+        default=d.runner,
+        help="run the workers as local processes or as the tasks of one Spark job",
+    )
+    parser.add_argument(
         "--no-bookkeeping-run",
         action="store_true",
         help="skip the run without output writes (no state/output split)",
@@ -330,6 +346,7 @@ def options_from_args(args: argparse.Namespace) -> MillstreamOptions:
         batch_rows=args.batch_rows,
         commit_interval_seconds=args.commit_interval,
         bookkeeping_run=not args.no_bookkeeping_run,
+        runner=args.runner,
     )
 
 
@@ -341,7 +358,7 @@ def main() -> None:
     args = parser.parse_args()
     workload = generate(spec_from_args(args), args.data_root, verbose=True)
     result = measure(workload, args.workload, options_from_args(args))
-    result.save(RESULTS / "millstream" / f"{args.workload}-{workload.spec.rows}.json")
+    result.save(RESULTS / result.system / f"{args.workload}-{workload.spec.rows}.json")
     print_result(result)
     if not result.verified["ok"]:
         sys.exit(1)

@@ -6,7 +6,13 @@ import os
 import sys
 from pathlib import Path
 
-from bench.io_meter import ProcessTreeMeter, measure_callable, run_subprocess
+from bench.io_meter import (
+    ProcessIO,
+    ProcessTreeMeter,
+    _subtract_reaped,
+    measure_callable,
+    run_subprocess,
+)
 
 MB = 1 << 20
 
@@ -81,3 +87,30 @@ def test_deleted_file_is_cancelled(tmp_path: Path) -> None:
 
     _, report = measure_callable(write_and_delete, interval=0.05)
     assert report.net_write_bytes <= report.write_bytes
+
+
+def _proc(pid: int, ppid: int, history: list[int], *, gone: int = -1) -> ProcessIO:
+    """A tracked process whose ``write_bytes`` was ``history[i]`` at sample ``i``."""
+    proc = ProcessIO(pid, start_time=pid, name="p", cmdline="p", ppid=ppid)
+    proc.history = [(i, (w, 0, w, 0)) for i, w in enumerate(history)]
+    proc.write_bytes = proc.wchar = history[-1]
+    proc.last_sample = len(history) - 1
+    proc.alive, proc.gone_sample = gone < 0, gone
+    return proc
+
+
+def test_a_reaped_child_is_taken_off_its_parent() -> None:
+    # The child wrote 5 MB; the parent wrote 1 MB itself, then reaped the child (+5 MB).
+    child = _proc(2, 1, [0, 5 * MB], gone=2)
+    parent = _proc(1, 0, [0, 1 * MB, 1 * MB, 6 * MB])
+    _subtract_reaped([parent, child])
+    assert (parent.written, child.written) == (1 * MB, 5 * MB)
+
+
+def test_a_child_its_parent_never_reaped_is_not_taken_off() -> None:
+    # The parent was last sampled after the child's exit but before it reaped it (or it
+    # exited first): its counters never grew by the child's, so nothing is taken off.
+    child = _proc(2, 1, [0, 5 * MB], gone=2)
+    parent = _proc(1, 0, [0, 1 * MB, 1 * MB, 1 * MB])
+    _subtract_reaped([parent, child])
+    assert (parent.written, child.written) == (1 * MB, 5 * MB)
