@@ -178,3 +178,17 @@ def test_store_queue_input_is_trimmed_after_commit(tmp_path: Path) -> None:
     reducers = _read(processor, lambda txn: [read_reducer_state(txn, r, 2) for r in range(2)])
     assert all(r.committed_row_indices for r in reducers)
     queue.close()
+
+
+def test_a_second_run_reports_its_own_rate(tmp_path: Path) -> None:
+    data = write_keyed_input(tmp_path / "in", 20_000)
+    processor = keyed_processor(data, tmp_path / "state.db")
+    first = processor.run_local(timeout=120)
+    assert first.rows_read == 20_000
+    assert first.rows_read_before == 0
+    assert "in this run" not in str(first)
+    second = processor.run_local(timeout=120)  # the input is already drained
+    assert (second.rows_read, second.rows_read_before) == (20_000, 20_000)
+    assert "20,000 rows read (0 in this run)" in str(second)
+    assert "(0 rows/s, 0.0 MB/s shuffled)" in str(second)
+    assert read_output(processor, "sum") == expected_sums(data)

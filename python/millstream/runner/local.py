@@ -50,6 +50,9 @@ WorkerId = tuple[str, int, int]
 class RunSummary:
     """What a drained run did.
 
+    The counts are the processor's totals over all its runs (its store keeps them); the
+    rates in ``str()`` are this run's: rows and bytes since it started over its wall time.
+
     Attributes:
         rows_read: Input rows whose effects are committed (sum over mappers).
         rows_shuffled: Mapped rows (shuffle numbering, sum over mappers).
@@ -60,6 +63,8 @@ class RunSummary:
         batches: Mapped batches whose effects were persisted (all runs; replays after a
             restart count again).
         bytes_shuffled: Arrow IPC bytes reducers fetched and committed (all runs).
+        rows_read_before: ``rows_read`` when this run started (earlier runs' rows).
+        bytes_shuffled_before: ``bytes_shuffled`` when this run started.
     """
 
     rows_read: int
@@ -70,16 +75,20 @@ class RunSummary:
     seconds: float
     batches: int = 0
     bytes_shuffled: int = 0
+    rows_read_before: int = 0
+    bytes_shuffled_before: int = 0
 
     def __str__(self) -> str:
         seconds = max(self.seconds, 1e-9)
+        rows = self.rows_read - self.rows_read_before
+        shuffled = self.bytes_shuffled - self.bytes_shuffled_before
+        this_run = f" ({rows:,} in this run)" if self.rows_read_before else ""
         return (
-            f"drained: {self.rows_read:,} rows read in {self.batches:,} batches, "
+            f"drained: {self.rows_read:,} rows read{this_run} in {self.batches:,} batches, "
             f"{self.rows_shuffled:,} shuffled ({self.bytes_shuffled / 1e6:,.1f} MB), "
             f"{self.rows_reduced:,} reduced in {self.commits:,} commits, "
             f"{self.restarts} restarts, {self.seconds:.2f} s "
-            f"({self.rows_read / seconds:,.0f} rows/s, {self.bytes_shuffled / seconds / 1e6:,.1f} "
-            "MB/s shuffled)"
+            f"({rows / seconds:,.0f} rows/s, {shuffled / seconds / 1e6:,.1f} MB/s shuffled)"
         )
 
 
@@ -180,8 +189,14 @@ def prepare_store(processor: Processor, store: Store) -> None:
     store.transact(prepare)
 
 
-def summarize(processor: Processor, store: Store, restarts: int, seconds: float) -> RunSummary:
-    """Totals of a processor from its store."""
+def summarize(
+    processor: Processor,
+    store: Store,
+    restarts: int,
+    seconds: float,
+    before: RunSummary | None = None,
+) -> RunSummary:
+    """Totals of a processor from its store; ``before``: the totals when the run started."""
     txn = store.create_transaction()
     try:
         states = [read_mapper_state(txn, m) for m in range(processor.num_mappers)]
@@ -206,6 +221,8 @@ def summarize(processor: Processor, store: Store, restarts: int, seconds: float)
         seconds,
         batches,
         shuffled,
+        before.rows_read if before is not None else 0,
+        before.bytes_shuffled if before is not None else 0,
     )
 
 
@@ -251,6 +268,7 @@ class LocalRunner:
     _stopped: threading.Event = field(default_factory=threading.Event)
     _started_at: float = 0.0
     _payload: bytes = b""
+    _before: RunSummary | None = None
 
     def _spawn(self, wid: WorkerId) -> tuple[BaseProcess, Connection]:
         role, index, instance = wid
@@ -276,6 +294,7 @@ class LocalRunner:
         store = self.processor.open_store()
         try:
             prepare_store(self.processor, store)
+            self._before = summarize(self.processor, store, 0, 0.0)
         finally:
             store.close()
         self._payload = pickle.dumps(self.processor)
@@ -391,7 +410,7 @@ class LocalRunner:
         seconds = time.monotonic() - self._started_at
         store = self.processor.open_store()
         try:
-            summary = summarize(self.processor, store, self.restarts, seconds)
+            summary = summarize(self.processor, store, self.restarts, seconds, self._before)
         finally:
             store.close()
         self._close_pipes()

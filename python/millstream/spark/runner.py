@@ -143,6 +143,7 @@ def run(
     store = processor.open_store()
     try:
         prepare_store(processor, store)
+        before = summarize(processor, store, 0, 0.0)
     finally:
         store.close()
     # Python workers started for this job get the allocator settings the local runner uses.
@@ -184,7 +185,7 @@ def run(
     restarts = sum(attempt for _, _, attempt, _, _ in results)
     store = processor.open_store()
     try:
-        return summarize(processor, store, restarts, seconds)
+        return summarize(processor, store, restarts, seconds, before)
     finally:
         store.close()
 
