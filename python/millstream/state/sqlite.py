@@ -62,6 +62,7 @@ DEFAULT_BUSY_TIMEOUT_MS = 10_000
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite answered that the store is locked (worth waiting and retrying)."""
     name = getattr(exc, "sqlite_errorname", "") or ""
     return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(exc)
 
@@ -213,7 +214,7 @@ def map_sqlite_error(exc: sqlite3.Error, path: str, busy_timeout_ms: int) -> Sto
     """Translate a sqlite3 error into millstream's store errors."""
     name = getattr(exc, "sqlite_errorname", "") or ""
     text = str(exc)
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+    if _is_busy(exc):
         return StoreUnavailableError(
             f"SQLite store {path} is locked: another process held its write lock for longer "
             f"than the busy timeout ({busy_timeout_ms} ms) ({text}). Check for a stuck "
