@@ -36,6 +36,10 @@ from millstream.state.limits import StoreLimits
 FDB_API_VERSION = 730
 """The FoundationDB API version millstream selects (needs libfdb_c 7.3 or newer)."""
 
+BINDING_REQUIREMENT = "foundationdb~=7.3.0"
+"""The Python binding millstream pins: the 7.3 series passes header version 730, which every
+libfdb_c from 7.3 on accepts (an 8.0 binding passes 800, which a 7.3 client refuses)."""
+
 DEFAULT_TIMEOUT_MS = 10_000
 """Per-attempt transaction timeout: how long an unreachable cluster blocks an operation."""
 
@@ -53,9 +57,35 @@ NOT_COMMITTED = 1020
 COMMIT_UNKNOWN_RESULT = 1021
 TRANSACTION_TOO_OLD = 1007
 TRANSACTION_TIMED_OUT = 1031
+CLUSTER_VERSION_CHANGED = 1039
 TRANSACTION_TOO_LARGE = 2101
 KEY_TOO_LARGE = 2102
 VALUE_TOO_LARGE = 2103
+
+MAYBE_COMMITTED = frozenset({COMMIT_UNKNOWN_RESULT, CLUSTER_VERSION_CHANGED})
+"""Errors after which a commit may have been applied (the binding's
+``fdb.predicates.is_maybe_committed``)."""
+
+MAYBE_COMMITTED_AT_COMMIT = MAYBE_COMMITTED | {TRANSACTION_TIMED_OUT}
+"""Errors of ``commit`` after which it may have been applied: also a timeout, which can fire
+while the commit is in flight."""
+
+RETRYABLE_NOT_COMMITTED = frozenset(
+    {
+        TRANSACTION_TOO_OLD,
+        1009,  # future_version
+        NOT_COMMITTED,
+        1037,  # process_behind
+        1038,  # database_locked
+        1042,  # commit_proxy_memory_limit_exceeded
+        1051,  # batch_transaction_throttled
+        1078,  # grv_proxy_memory_limit_exceeded
+        1213,  # tag_throttled
+        1223,  # proxy_tag_throttled
+    }
+)
+"""Transient errors after which the transaction was certainly not applied (the binding's
+``fdb.predicates.is_retryable`` less the maybe-committed ones)."""
 
 _INT64 = struct.Struct("<q")
 _load_lock = threading.Lock()
@@ -69,8 +99,8 @@ def load_fdb() -> Any:
         The ``fdb`` module, ready for ``fdb.open``.
 
     Raises:
-        StoreUnavailableError: ``libfdb_c`` is missing or too old, or the binding was set
-            up in a parent process before a fork.
+        StoreUnavailableError: ``libfdb_c`` is missing or too old, the binding does not
+            match it, or the binding was set up in a parent process before a fork.
     """
     global _loaded_pid
     import fdb
@@ -84,18 +114,86 @@ def load_fdb() -> Any:
         if not fdb.is_api_version_selected():
             try:
                 fdb.api_version(FDB_API_VERSION)
-            except Exception as exc:  # the binding raises a bare Exception for a missing lib
-                text = str(exc)
-                if "Unable to locate" in text or isinstance(exc, OSError):
-                    raise StoreUnavailableError(
-                        f"FoundationDB client library libfdb_c not found: {text} {INSTALL_HINT}"
-                    ) from exc
+            except Exception as exc:  # the binding raises bare Exceptions
                 raise StoreUnavailableError(
-                    f"FoundationDB client library libfdb_c cannot serve API version "
-                    f"{FDB_API_VERSION}: {text} {INSTALL_HINT}"
+                    explain_load_error(
+                        str(exc),
+                        binding_version=_binding_version(),
+                        header_version=int(fdb.LATEST_API_VERSION),
+                        max_supported=_max_client_api_version(),
+                        missing=isinstance(exc, OSError) or "Unable to locate" in str(exc),
+                    )
                 ) from exc
         _loaded_pid = os.getpid()
     return fdb
+
+
+def _binding_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("foundationdb")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _max_client_api_version() -> int | None:
+    """The newest API version the loaded ``libfdb_c`` serves, if it loaded at all."""
+    import sys
+
+    impl = sys.modules.get("fdb.impl")
+    try:
+        return int(impl._capi.fdb_get_max_api_version()) if impl is not None else None
+    except Exception:
+        return None
+
+
+def explain_load_error(
+    text: str,
+    *,
+    binding_version: str,
+    header_version: int,
+    max_supported: int | None,
+    missing: bool = False,
+) -> str:
+    """The message for a binding that failed to select :data:`FDB_API_VERSION`.
+
+    Args:
+        text: What the binding raised.
+        binding_version: The installed ``foundationdb`` package's version.
+        header_version: The API version the binding was built for (its header version,
+            ``fdb.LATEST_API_VERSION``), which it passes to ``libfdb_c``.
+        max_supported: The newest API version the installed ``libfdb_c`` serves, when it
+            loaded.
+        missing: ``libfdb_c`` could not be loaded at all.
+    """
+    if missing:
+        return f"FoundationDB client library libfdb_c not found: {text} {INSTALL_HINT}"
+    if max_supported is not None and max_supported < FDB_API_VERSION:
+        return (
+            f"the installed libfdb_c serves API versions up to {max_supported}, but millstream "
+            f"needs API version {FDB_API_VERSION} ({text}). {INSTALL_HINT}"
+        )
+    if max_supported is not None and header_version > max_supported:
+        return (
+            f"the FoundationDB Python binding (foundationdb {binding_version}) passes header "
+            f"version {header_version}, but the installed libfdb_c serves API versions up to "
+            f"{max_supported} only, so it refuses the binding ({text}). Install the binding "
+            f"that matches the client: pip install '{BINDING_REQUIREMENT}' (what millstream "
+            f"pins; it works with every client from 7.3 on), or install a FoundationDB client "
+            f"package that serves API version {header_version}."
+        )
+    if header_version < FDB_API_VERSION:
+        return (
+            f"the FoundationDB Python binding (foundationdb {binding_version}) knows API "
+            f"versions up to {header_version}, but millstream needs {FDB_API_VERSION} "
+            f"({text}). Install the binding it pins: pip install '{BINDING_REQUIREMENT}'."
+        )
+    return (
+        f"FoundationDB client library libfdb_c cannot serve API version {FDB_API_VERSION} "
+        f"with the binding foundationdb {binding_version} (header version {header_version}): "
+        f"{text} {INSTALL_HINT}"
+    )
 
 
 def fdb_availability(cluster_file: str | None) -> str | None:
@@ -114,17 +212,36 @@ def fdb_availability(cluster_file: str | None) -> str | None:
 
 
 def map_fdb_error(fdb: Any, exc: Any, where: str) -> StoreError:
-    """Translate an ``fdb.FDBError`` into millstream's store errors."""
-    code = int(exc.code)
-    text = f"FoundationDB error {code} ({exc.description!r}) on {where}"
+    """Translate an ``fdb.FDBError`` into millstream's store errors (see :func:`store_error`)."""
+    return store_error(
+        int(exc.code), str(exc.description), where, retryable=bool(fdb.predicates.is_retryable(exc))
+    )
+
+
+def store_error(code: int, description: str, where: str, *, retryable: bool = False) -> StoreError:
+    """millstream's store error for FoundationDB error ``code`` raised by operation ``where``.
+
+    The one place that decides what a FoundationDB error means. Every error of ``commit``
+    after which it may have landed (:data:`MAYBE_COMMITTED_AT_COMMIT`: the binding's
+    maybe-committed errors and a timeout) becomes :class:`CommitUnknownResultError`, so no
+    caller retries a commit that may have been applied as if it had not. Before the commit
+    nothing can have been applied, and the same codes are plain transient errors.
+
+    Args:
+        code: The error code.
+        description: The client's description of it.
+        where: The operation that failed (``"commit"``, ``"get"``, ...).
+        retryable: The binding's ``is_retryable`` for codes this table does not know.
+    """
+    text = f"FoundationDB error {code} ({description!r}) on {where}"
+    if where == "commit" and code in MAYBE_COMMITTED_AT_COMMIT:
+        return CommitUnknownResultError(
+            f"{text}: the commit may or may not have been applied; retry only an idempotent "
+            "transaction, or read whether its writes landed first"
+        )
     if code == NOT_COMMITTED:
         return StoreConflictError(
             f"{text}: another transaction changed what this one read; retry it"
-        )
-    if code == COMMIT_UNKNOWN_RESULT:
-        return CommitUnknownResultError(
-            f"{text}: the commit may or may not have been applied; retry only idempotent "
-            "transactions"
         )
     if code == TRANSACTION_TOO_OLD:
         return TransactionTooOldError(
@@ -133,8 +250,9 @@ def map_fdb_error(fdb: Any, exc: Any, where: str) -> StoreError:
         )
     if code == TRANSACTION_TIMED_OUT:
         return StoreUnavailableError(
-            f"{text}: the cluster did not answer within the timeout; check that it is up and "
-            "that the cluster file is current (raise timeout_ms in the URL if it is slow)"
+            f"{text}: the operation did not finish within the transaction timeout; check "
+            "that the cluster is up and the cluster file current (raise timeout_ms in the "
+            "URL if it is slow), and keep transactions short"
         )
     if code == TRANSACTION_TOO_LARGE:
         return TransactionTooLargeError(
@@ -145,7 +263,7 @@ def map_fdb_error(fdb: Any, exc: Any, where: str) -> StoreError:
         return KeyTooLargeError(f"{text}: a key exceeds 10 kB; use shorter key elements")
     if code == VALUE_TOO_LARGE:
         return ValueTooLargeError(f"{text}: a value exceeds 100 kB; split it over keys")
-    if fdb.predicates.is_retryable(exc):
+    if code in RETRYABLE_NOT_COMMITTED or code in MAYBE_COMMITTED or retryable:
         return RetryableStoreError(f"{text} (transient; retry)")
     return StoreError(text)
 
@@ -292,11 +410,16 @@ class FdbStore(Store):
 
 
 __all__ = [
+    "BINDING_REQUIREMENT",
     "DEFAULT_TIMEOUT_MS",
     "FDB_API_VERSION",
+    "MAYBE_COMMITTED",
+    "MAYBE_COMMITTED_AT_COMMIT",
     "FdbStore",
     "FdbTransaction",
+    "explain_load_error",
     "fdb_availability",
     "load_fdb",
     "map_fdb_error",
+    "store_error",
 ]
