@@ -32,7 +32,9 @@ from millstream.state.fdb_backend import (
 COMMIT_UNKNOWN_RESULT, TRANSACTION_TIMED_OUT, CLUSTER_VERSION_CHANGED = 1021, 1031, 1039
 
 
-@pytest.mark.parametrize("code", [COMMIT_UNKNOWN_RESULT, TRANSACTION_TIMED_OUT, CLUSTER_VERSION_CHANGED])
+@pytest.mark.parametrize(
+    "code", [COMMIT_UNKNOWN_RESULT, TRANSACTION_TIMED_OUT, CLUSTER_VERSION_CHANGED]
+)
 def test_commit_errors_that_may_have_committed_are_unknown_results(code: int) -> None:
     error = store_error(code, "what the client says", "commit")
     assert isinstance(error, CommitUnknownResultError), error
