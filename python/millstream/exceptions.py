@@ -88,10 +88,23 @@ class InputError(MillstreamError):
     """An input partition is unreadable: a corrupt file, a schema change, a missing row."""
 
 
+class DuplicateSequenceError(InputError):
+    """A queue producer repeated a sequence number older than its last one: appended before.
+
+    Attributes:
+        last_sequence: The producer's last sequence number in the partition.
+    """
+
+    def __init__(self, message: str, *, last_sequence: int) -> None:
+        super().__init__(message)
+        self.last_sequence = last_sequence
+
+
 __all__ = [
     "CommitUnknownResultError",
     "CommittedIndexError",
     "ConfigurationError",
+    "DuplicateSequenceError",
     "InputError",
     "KeyTooLargeError",
     "MemoryLimitError",

@@ -5,8 +5,10 @@ one protocol step at a time by the test, against:
 
 - a real SQLite store in a temporary file (``synchronous=normal``: commits stay atomic and
   survive a process crash; only power loss is out of scope), wrapped by
-  :class:`FaultyStore` so that commits can fail with a conflict, fail *after being
-  applied* (``CommitUnknownResultError``, as FoundationDB reports), take longer than the
+  :class:`FaultyStore` so that commits can fail with a conflict, report an unknown
+  result (``CommitUnknownResultError``, as FoundationDB does) after being applied, without
+  being applied, or while still in flight (the commit lands later, after the worker has
+  looked, if nothing it read changed meanwhile), take longer than the
   five-second limit, or the store can be unavailable; latency is modelled by running
   other steps while a worker's transaction is being created or committed
   (:meth:`FaultPlan.stall`);
@@ -18,7 +20,10 @@ one protocol step at a time by the test, against:
   unavailable, and, like a real queue, forget trimmed rows (a read below the trim point
   returns the rows from the trim point on);
 - :class:`SimClock`, time that moves only when the harness says so; the store's
-  transaction-age check reads it too.
+  transaction-age check reads it too;
+- :class:`SimProducer`, a producer appending to a real :class:`StoreQueue` in the faulty
+  store through a named :class:`QueueProducer`, whose every appended row must be in the
+  queue exactly once.
 
 The user's map either sends each mapped row on its own or pre-aggregates a batch (one row
 per reducer), so the shuffle numbering depends on where batches are cut, as with a real
@@ -57,9 +62,12 @@ from millstream.exceptions import (
     TransactionTooLargeError,
 )
 from millstream.inputs.base import ReadResult
+from millstream.inputs.queue_producer import QueueProducer
+from millstream.inputs.store_queue import StoreQueue
 from millstream.processor import Processor
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
 from millstream.state import Store, open_store
+from millstream.state.base import run_transaction
 from millstream.state.records import (
     read_mapper_state,
     read_reducer_state,
@@ -246,7 +254,17 @@ class SimInput:
 
 # -- the store, with injected faults ---------------------------------------------------
 
-COMMIT_FAULTS = ("conflict", "unknown", "unavailable", "too_old")
+COMMIT_FAULTS = (
+    "conflict",
+    "unknown",
+    "unavailable",
+    "too_old",
+    "unknown_unapplied",
+    "unknown_late",
+)
+"""``unknown``: applied, then reported unknown; ``unknown_unapplied``: reported unknown and
+never applied; ``unknown_late``: reported unknown while still in flight, applied at the
+next commit of any transaction (after the worker looked) unless what it read changed."""
 
 
 class FaultPlan:
@@ -267,6 +285,7 @@ class FaultPlan:
         self.injected: Counter[str] = Counter()
         self.stalls: deque[list[Any]] = deque()
         self._stalling = False
+        self.in_flight: deque[Any] = deque()
 
     def next_commit_fault(self) -> str | None:
         if self.unavailable:
@@ -290,19 +309,40 @@ class FaultPlan:
         finally:
             self._stalling = False
 
+    # -- ambiguous commits that land late ----------------------------------------------
+
+    def hold(self, inner: Any) -> None:
+        """Keep ``inner``'s commit in flight: it lands at the next commit (:meth:`land`)."""
+        inner._release(rollback=False)  # its writes and read set stay; the snapshot ends
+        self.in_flight.append(inner)
+
+    def land(self) -> None:
+        """Commits in flight are applied now, each only if nothing it read has changed."""
+        while self.in_flight:
+            inner = self.in_flight.popleft()
+            try:
+                inner._raw_commit()  # conflict-checked against everything committed since
+                self.injected["late_landed"] += 1
+                self.note("  in-flight commit lands")
+            except StoreConflictError:
+                self.injected["late_aborted"] += 1
+                self.note("  in-flight commit aborted (what it read changed)")
+
 
 class FaultyTransaction:
     """A real transaction whose commit may fail, before or after being applied."""
 
-    def __init__(self, inner: Any, plan: FaultPlan) -> None:
+    def __init__(self, inner: Any, plan: FaultPlan, fresh: Callable[[], Any]) -> None:
         self._inner = inner
         self._plan = plan
+        self._fresh = fresh
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def commit(self) -> None:
         self._plan.stall()
+        self._plan.land()
         fault = self._plan.next_commit_fault()
         if fault is not None:
             self._plan.injected[fault] += 1
@@ -313,6 +353,15 @@ class FaultyTransaction:
         if fault == "unavailable":
             self._inner.reset()
             raise StoreUnavailableError("injected: store unavailable (simulation)")
+        if fault == "unknown_unapplied":
+            self._inner.reset()
+            raise CommitUnknownResultError("injected: commit not applied but reported unknown")
+        if fault == "unknown_late":
+            if self._inner._started is not None:
+                self._inner._limits.check_age(self._plan.clock.now() - self._inner._started)
+            inner, self._inner = self._inner, self._fresh()
+            self._plan.hold(inner)
+            raise CommitUnknownResultError("injected: commit in flight, reported unknown")
         if fault == "too_old":
             # The commit is slow: the transaction's age passes FoundationDB's five seconds.
             self._plan.clock.advance(6.0)
@@ -337,25 +386,119 @@ class FaultyStore:
             self._plan.injected["unavailable"] += 1
             self._plan.note("  store fault: unavailable")
             raise StoreUnavailableError("injected: store unavailable (simulation)")
-        return FaultyTransaction(self._inner.create_transaction(), self._plan)
+        inner = self._inner
+        return FaultyTransaction(inner.create_transaction(), self._plan, inner.create_transaction)
 
-    def transact(self, fn: Callable[[Any], Any], *, max_retries: int | None = 20) -> Any:
-        """Like :meth:`Store.transact`, without sleeping between retries."""
-        attempt = 0
-        while True:
-            txn = self.create_transaction()
+    def transact(
+        self, fn: Callable[[Any], Any], *, idempotent: bool = False, max_retries: int | None = 20
+    ) -> Any:
+        """:meth:`Store.transact`'s retry loop, without sleeping between retries."""
+        return run_transaction(
+            self.create_transaction,
+            fn,
+            idempotent=idempotent,
+            max_retries=max_retries,
+            sleep=lambda seconds: None,
+        )
+
+
+# -- a producer appending to a store queue -------------------------------------------
+
+QUEUE = "sim-input"
+"""The store queue :class:`SimProducer` appends to."""
+
+QUEUE_PARTITIONS = 2
+
+
+class SimProducer:
+    """Appends numbered rows to a real :class:`StoreQueue` in the faulty store.
+
+    Its source is a list of batches per partition, batch ``k`` being append sequence ``k``
+    of producer ``"sim-producer"``. Each append step makes a new batch and sends every
+    batch not yet acknowledged, in order, each with its own sequence; an append that
+    raises stays unacknowledged and is sent again (with the same sequence) next time. A
+    restarted producer learns from the store where to resume
+    (:meth:`QueueProducer.last_sequence`), as a real one would.
+    """
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.queue = StoreQueue(sim.store, QUEUE, QUEUE_PARTITIONS)  # type: ignore[arg-type]
+        self.reader = StoreQueue(sim.raw, QUEUE, QUEUE_PARTITIONS)
+        self.producer = QueueProducer(self.queue, "sim-producer")
+        self.batches: list[list[list[int]]] = [[] for _ in range(QUEUE_PARTITIONS)]
+        self.acked = [0] * QUEUE_PARTITIONS
+        self.next_row = 0
+
+    def append(self, partition: int, rows: int) -> None:
+        """``rows`` new rows for ``partition``; send everything not yet acknowledged."""
+        self.batches[partition].append(list(range(self.next_row, self.next_row + rows)))
+        self.next_row += rows
+        self.send(partition)
+
+    def send(self, partition: int) -> None:
+        batches = self.batches[partition]
+        while self.acked[partition] < len(batches):
+            k = self.acked[partition]
+            batch = pa.record_batch({"row": pa.array(batches[k], pa.int64())})
             try:
-                result = fn(txn)
-                txn.commit()
-                return result
-            except RetryableStoreError:
-                txn.reset()
-                attempt += 1
-                if max_retries is not None and attempt > max_retries:
-                    raise
-            except BaseException:
-                txn.reset()
-                raise
+                got = self.producer.append(partition, batch, sequence=k)
+            except STORE_ERRORS as exc:
+                self.sim.events["producer_append_failed"] += 1
+                self.sim.note(f"producer p{partition} seq {k}: {type(exc).__name__}")
+                return
+            self.sim.note(f"producer p{partition} seq {k}: rows {got}")
+            self.acked[partition] = k + 1
+
+    def restart(self) -> None:
+        """A new producer process: it resumes after the last sequence the store holds."""
+        self.producer = QueueProducer(self.queue, "sim-producer")
+        for p in range(QUEUE_PARTITIONS):
+            resume = self.producer.last_sequence(p) + 1
+            self.sim.note(f"producer restarts: p{p} resumes at seq {resume}")
+            assert resume >= self.acked[p], (
+                f"queue partition {p}: the store holds producer sequences up to {resume - 1} "
+                f"but {self.acked[p] - 1} was acknowledged"
+            )
+            self.acked[p] = min(resume, len(self.batches[p]))
+
+    def stored(self, partition: int) -> list[int]:
+        """Every row in the queue partition, in order (read without faults)."""
+        out: list[int] = []
+        at = 0
+        while True:
+            result = self.reader.read(partition, at, 1 << 20)
+            if result.batch is None or result.batch.num_rows == 0:
+                return out
+            out.extend(result.batch.column("row").to_pylist())
+            at += result.batch.num_rows
+
+    def check(self, *, complete: bool = False) -> None:
+        """Every appended row is in the queue once, in order; acknowledged ones surely.
+
+        The queue holds the first ``j`` batches for some ``j`` at least the number
+        acknowledged (an unacknowledged append may have landed); ``complete``: all of them.
+        """
+        for p in range(QUEUE_PARTITIONS):
+            have = self.stored(p)
+            twice = sorted(row for row, n in Counter(have).items() if n > 1)
+            assert not twice, f"queue partition {p} holds rows more than once: {twice[:10]}"
+            batches = self.batches[p]
+            prefixes = [
+                list(itertools.chain.from_iterable(batches[:j])) for j in range(len(batches) + 1)
+            ]
+            lowest = len(batches) if complete else self.acked[p]
+            assert any(have == prefixes[j] for j in range(lowest, len(batches) + 1)), (
+                f"queue partition {p} holds rows {have[:20]}...({len(have)}), not the first "
+                f"batches appended (at least {lowest} of {len(batches)}: "
+                f"{prefixes[-1][:20]}...)"
+            )
+
+    def finish(self) -> None:
+        """Faults off: send what is still unacknowledged."""
+        for p in range(QUEUE_PARTITIONS):
+            self.send(p)
+            assert self.acked[p] == len(self.batches[p]), f"producer p{p} still failing"
 
 
 # -- worker instances -----------------------------------------------------------------
@@ -641,6 +784,7 @@ class Simulation:
         self.events: Counter[str] = Counter()
         self.nested_depth = 0
         self.busy: set[int] = set()
+        self.producer: SimProducer | None = None  # made by the first append step
         for m in range(self.M):
             self.start_mapper(m)
         for r in range(self.R):
@@ -936,6 +1080,13 @@ class Simulation:
             self.ingest_instance(new)
             self.reduce_all()
 
+    def append_to_queue(self, partition: int, rows: int, faults: Sequence[str]) -> None:
+        """The producer appends ``rows`` rows, its commits meeting ``faults`` first."""
+        if self.producer is None:
+            self.producer = SimProducer(self)
+        self.plan.armed.extendleft(reversed(faults))
+        self.producer.append(partition, rows)
+
     # -- steps by name ------------------------------------------------------------------
 
     def step(self, action: Action) -> None:
@@ -993,6 +1144,11 @@ class Simulation:
             self.split_brain_race(args[0] % self.M, *args[1:])
         elif kind == "restart_mid_stream":
             self.restart_mid_stream(args[0] % self.M, *args[1:])
+        elif kind == "append":
+            self.append_to_queue(args[0] % QUEUE_PARTITIONS, args[1], tuple(args[2]))
+        elif kind == "restart_producer":
+            if self.producer is not None:
+                self.producer.restart()
         else:
             raise ValueError(f"unknown action {action!r}")
 
@@ -1069,6 +1225,8 @@ class Simulation:
         for m, insts in enumerate(self.mappers):
             for inst in insts:
                 self._check_window(m, inst, states)
+        if self.producer is not None:
+            self.producer.check()
 
     def _check_window(self, m: int, inst: MapperInstance, states: list[tuple[int, ...]]) -> None:
         w = inst.worker.window
@@ -1151,6 +1309,7 @@ class Simulation:
     def heal(self) -> None:
         """Faults off, every partition fully produced, one live instance per worker."""
         self.note("heal")
+        self.plan.land()
         self.plan.armed.clear()
         self.plan.stalls.clear()
         self.plan.unavailable = False
@@ -1197,6 +1356,9 @@ class Simulation:
             inst = self.reducers[r][0]
             assert not inst.worker.run_once()
             assert inst.worker.all_drained, f"reducer {r} does not see every mapper drained"
+        if self.producer is not None:
+            self.producer.finish()
+            self.producer.check(complete=True)
         self.note("drained")
 
     def replay_source(self) -> str:

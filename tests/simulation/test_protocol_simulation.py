@@ -180,6 +180,20 @@ class ProtocolMachine(RuleBasedStateMachine):
     def restart_mid_stream(self, m: int, grow: int, ingests: int) -> None:
         self._step("restart_mid_stream", m, grow, ingests)
 
+    # -- a producer appending to a store queue ------------------------------------------
+
+    @rule(
+        p=st.integers(0, 1),
+        rows=st.integers(1, 4),
+        faults=st.lists(st.sampled_from(COMMIT_FAULTS), max_size=2).map(tuple),
+    )
+    def append_input(self, p: int, rows: int, faults: tuple[str, ...]) -> None:
+        self._step("append", p, rows, faults)
+
+    @rule()
+    def restart_producer(self) -> None:
+        self._step("restart_producer")
+
     # -- faults ---------------------------------------------------------------------
 
     @rule(kind=st.sampled_from(COMMIT_FAULTS), n=st.integers(1, 3))

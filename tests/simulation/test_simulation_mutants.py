@@ -7,6 +7,7 @@ exist only here; the workers are unchanged outside these tests.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from millstream.api import Transaction
-from millstream.exceptions import StoreConflictError
+from millstream.exceptions import CommitUnknownResultError, StoreConflictError
+from millstream.inputs.store_queue import StoreQueue
 from millstream.state import pack, unpack
 from millstream.state.records import ReducerState, read_reducer_state, write_reducer_state
 from millstream.workers import MapperWorker, ReducerWorker
@@ -123,6 +125,85 @@ def _plan_without_state_check(self: MapperWorker, begin: int, end: int) -> int:
     raise StoreConflictError(f"mapper {self.index}: could not record the batch at {begin}")
 
 
+# -- ambiguous commits --------------------------------------------------------------
+
+_real_append_piece = StoreQueue._append_piece
+_appends = itertools.count()
+
+
+def _append_piece_blindly(
+    self: StoreQueue,
+    txn: Any,
+    partition: int,
+    schema_ipc: bytes,
+    chunks: list[tuple[int, bytes]],
+    producer_id: str,
+    sequence: int,
+    piece: int,
+) -> tuple[int, int]:
+    """Append rows without checking whether this sequence was appended (records it still)."""
+    begin, end = _real_append_piece(
+        self, txn, partition, schema_ipc, chunks, f"blind-{next(_appends)}", sequence, piece
+    )
+    txn.set(self._key(partition, "producer", producer_id), pack((sequence, piece, begin, end)))
+    return begin, end
+
+
+def _append_not_idempotent(
+    self: StoreQueue, partition: int, batch: Any, producer_id: str, sequence: int
+) -> tuple[int, int]:
+    """Mutant (f): the issue-13 bug, an append retried after an unknown result appends again."""
+    schema_ipc = batch.schema.serialize().to_pybytes()
+    chunks = self._chunks(batch)
+    return self._store.transact(  # type: ignore[no-any-return]
+        lambda txn: _append_piece_blindly(
+            self, txn, partition, schema_ipc, chunks, producer_id, sequence, 0
+        ),
+        idempotent=True,
+    )
+
+
+def _append_rechecked_after_unknown(
+    self: StoreQueue, partition: int, batch: Any, producer_id: str, sequence: int
+) -> tuple[int, int]:
+    """Mutant (g): after an unknown result, look whether the append landed, else append again.
+
+    Right when the commit either landed or never will; wrong when it is still in flight
+    and lands after the look.
+    """
+    schema_ipc = batch.schema.serialize().to_pybytes()
+    chunks = self._chunks(batch)
+
+    def body(txn: Any) -> tuple[int, int]:
+        return _append_piece_blindly(
+            self, txn, partition, schema_ipc, chunks, producer_id, sequence, 0
+        )
+
+    try:
+        return self._store.transact(body)  # type: ignore[no-any-return]
+    except CommitUnknownResultError:
+        if self.producer_sequence(partition, producer_id) >= sequence:
+            return (-1, -1)
+        return self._store.transact(body)  # type: ignore[no-any-return]
+
+
+def _unknown_means_applied(self: MapperWorker, written: Any) -> bool:
+    """Mutant (h): the mapper takes a commit with an unknown result as applied."""
+    return written is not None
+
+
+_real_reduce_and_commit = ReducerWorker._reduce_and_commit
+
+
+def _reducer_trusts_unknown(self: ReducerWorker, state: Any, new: Any, *args: Any) -> bool:
+    """Mutant (i): the reducer takes a commit with an unknown result as applied."""
+    try:
+        return _real_reduce_and_commit(self, state, new, *args)  # type: ignore[no-any-return]
+    except CommitUnknownResultError:
+        self.last_state = new
+        return True
+
+
 MUTANTS: dict[str, tuple[type, str, Callable[..., Any]]] = {
     "reducer_state_committed_before_user_writes": (
         ReducerWorker,
@@ -136,6 +217,18 @@ MUTANTS: dict[str, tuple[type, str, Callable[..., Any]]] = {
         MapperWorker,
         "plan_batch",
         _plan_without_state_check,
+    ),
+    "queue_append_not_idempotent": (StoreQueue, "append_as", _append_not_idempotent),
+    "queue_append_rechecked_after_unknown": (
+        StoreQueue,
+        "append_as",
+        _append_rechecked_after_unknown,
+    ),
+    "mapper_takes_unknown_commit_as_applied": (MapperWorker, "_applied", _unknown_means_applied),
+    "reducer_takes_unknown_commit_as_applied": (
+        ReducerWorker,
+        "_reduce_and_commit",
+        _reducer_trusts_unknown,
     ),
 }
 

@@ -2,6 +2,7 @@
 
 from millstream.inputs.base import PartitionReader, ReadResult
 from millstream.inputs.parquet_log import ParquetLog
+from millstream.inputs.queue_producer import QueueProducer
 from millstream.inputs.store_queue import StoreQueue
 
-__all__ = ["ParquetLog", "PartitionReader", "ReadResult", "StoreQueue"]
+__all__ = ["ParquetLog", "PartitionReader", "QueueProducer", "ReadResult", "StoreQueue"]

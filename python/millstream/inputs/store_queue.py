@@ -13,20 +13,35 @@ Layout under ``QUEUES + (name,)``:
 - ``(p, "sealed")``: present once :meth:`~StoreQueue.close_partition` was called.
 - ``(p, "rows", begin, end, part)``: part ``part`` of the chunk holding rows
   ``[begin, end)``.
+- ``(p, "producer", producer_id)``: the producer's last ``(sequence, piece, begin, end)``
+  appended to the partition, checked and written by every append (see
+  :mod:`millstream.inputs.queue_producer`): what makes an append that is retried after an
+  unknown commit result land once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from millstream.exceptions import ConfigurationError, InputError
+from millstream.exceptions import (
+    ConfigurationError,
+    DuplicateSequenceError,
+    InputError,
+    StoreError,
+)
 from millstream.inputs.base import ReadResult
 from millstream.state.base import Store, Transaction
 from millstream.state.keys import decode_int64, encode_int64, pack, unpack
 from millstream.state.records import QUEUES
 from millstream.state.url import open_store
+
+if TYPE_CHECKING:
+    from millstream.inputs.queue_producer import QueueProducer
 
 PART_BYTES = 90_000
 """Bytes per stored value (below FoundationDB's 100 kB value limit)."""
@@ -49,8 +64,12 @@ class StoreQueue:
     """A named, partitioned, unbounded queue of Arrow rows in a state store.
 
     Concurrent appenders to one partition are safe: each append is a transaction that
-    claims the next row indices. The object pickles (it reopens its store from the URL), so
-    it can be handed to worker processes as a processor input.
+    claims the next row indices. Every append lands once even when its commit's outcome is
+    unknown and it is retried (FoundationDB's ``commit_unknown_result``): :meth:`append`
+    numbers each thread's appends under a producer id of its own, and
+    :meth:`producer` gives a named producer that also resumes after a restart. The object
+    pickles (it reopens its store from the URL), so it can be handed to worker processes as
+    a processor input.
 
     Args:
         store: Store URL (opened here) or an open :class:`Store`.
@@ -73,7 +92,20 @@ class StoreQueue:
         self._name = name
         self._num_partitions = num_partitions
         self._space = (*QUEUES, name)
-        self._store.transact(self._check_meta)
+        self._anonymous = threading.local()
+        self._anonymous_ids: list[tuple[str, set[int]]] = []
+        self._store.transact(self._check_meta, idempotent=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy in another process numbers its appends under producer ids of its own.
+        state = dict(self.__dict__)
+        del state["_anonymous"], state["_anonymous_ids"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._anonymous = threading.local()
+        self._anonymous_ids = []
 
     def _check_meta(self, txn: Transaction) -> None:
         key = (*self._space, "meta")
@@ -112,10 +144,14 @@ class StoreQueue:
     # -- producer -------------------------------------------------------------------------
 
     def append(self, partition: int, batch: pa.RecordBatch | pa.Table) -> tuple[int, int]:
-        """Append rows to a partition.
+        """Append rows to a partition, once.
 
         Batches up to a few MB are appended in one transaction; larger ones in several
-        consecutive ones, so concurrent appenders may interleave between those pieces.
+        consecutive ones, so concurrent appenders may interleave between those pieces. A
+        commit with an unknown outcome is retried without appending the rows twice (each
+        thread numbers its appends under a producer id of this object's). If the call
+        raises, the rows may or may not be in the queue; to make a retry after a crash
+        exactly-once too, append through a named :meth:`producer` with sequence numbers.
 
         Returns:
             ``(begin_row_index, end_row_index)`` of the appended rows (first piece's begin,
@@ -123,6 +159,46 @@ class StoreQueue:
 
         Raises:
             InputError: The schema differs from the partition's, or the partition is sealed.
+        """
+        local = self._anonymous
+        if not hasattr(local, "producer_id"):
+            local.producer_id = f"~{uuid.uuid4().hex}"
+            local.sequence = -1
+            local.partitions = set()
+            self._anonymous_ids.append((local.producer_id, local.partitions))
+        local.sequence += 1
+        local.partitions.add(partition)
+        return self.append_as(partition, batch, local.producer_id, local.sequence)
+
+    def producer(self, producer_id: str) -> QueueProducer:
+        """A producer that appends exactly once per sequence number, across its restarts.
+
+        Args:
+            producer_id: A name that stays the same when the producer restarts; one live
+                producer per id.
+        """
+        from millstream.inputs.queue_producer import QueueProducer
+
+        return QueueProducer(self, producer_id)
+
+    def producer_sequence(self, partition: int, producer_id: str) -> int:
+        """The last sequence number ``producer_id`` appended to ``partition`` (-1: none)."""
+        key = self._key(partition, "producer", producer_id)
+        raw = self._store.transact(lambda txn: txn.get(key), idempotent=True)
+        return -1 if raw is None else int(unpack(raw)[0])
+
+    def append_as(
+        self,
+        partition: int,
+        batch: pa.RecordBatch | pa.Table,
+        producer_id: str,
+        sequence: int,
+    ) -> tuple[int, int]:
+        """Append rows as append number ``sequence`` of ``producer_id``; see :meth:`producer`.
+
+        Each transaction checks and records the producer's last sequence in the partition,
+        so running it again after it landed appends nothing: it is retried even when its
+        commit's outcome is unknown.
         """
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         pieces: list[list[tuple[int, bytes]]] = [[]]
@@ -135,18 +211,17 @@ class StoreQueue:
                 pieces[-1].append((chunk_rows, payload))
                 piece_bytes += len(payload)
         schema_ipc = batch.schema.serialize().to_pybytes()
-        begin: int | None = None
-        end = 0
-        for piece in pieces:
+        begin = end = 0
+        for number, piece in enumerate(pieces):
 
             def append_piece(
-                txn: Transaction, piece: list[tuple[int, bytes]] = piece
+                txn: Transaction, piece: list[tuple[int, bytes]] = piece, number: int = number
             ) -> tuple[int, int]:
-                return self._append_piece(txn, partition, schema_ipc, piece)
+                return self._append_piece(
+                    txn, partition, schema_ipc, piece, producer_id, sequence, number
+                )
 
-            b, end = self._store.transact(append_piece)
-            begin = b if begin is None else begin
-        assert begin is not None
+            begin, end = self._store.transact(append_piece, idempotent=True)
         return begin, end
 
     def _chunks(self, batch: pa.RecordBatch) -> list[tuple[int, bytes]]:
@@ -166,7 +241,26 @@ class StoreQueue:
         partition: int,
         schema_ipc: bytes,
         chunks: list[tuple[int, bytes]],
+        producer_id: str,
+        sequence: int,
+        piece: int,
     ) -> tuple[int, int]:
+        producer_key = self._key(partition, "producer", producer_id)
+        recorded = txn.get(producer_key)
+        first_begin: int | None = None
+        if recorded is not None:
+            last, last_piece, last_begin, last_end = (int(v) for v in unpack(recorded))
+            if sequence < last:
+                raise DuplicateSequenceError(
+                    f"queue {self._name!r} partition {partition}: producer {producer_id!r} "
+                    f"appended sequence {last} already, so sequence {sequence} was appended "
+                    f"before; resume at sequence {last + 1}",
+                    last_sequence=last,
+                )
+            if sequence == last and piece <= last_piece:
+                return last_begin, last_end  # appended before: this is a retry
+            if sequence == last:
+                first_begin = last_begin
         if txn.get(self._key(partition, "sealed")) is not None:
             raise InputError(f"queue {self._name!r} partition {partition} is sealed")
         stored_schema = txn.get(self._key(partition, "schema"))
@@ -190,7 +284,9 @@ class StoreQueue:
                 )
             row += count
         txn.set(self._key(partition, "end"), encode_int64(row))
-        return begin, row
+        first = begin if first_begin is None else first_begin
+        txn.set(producer_key, pack((sequence, piece, first, row)))
+        return first, row
 
     def close_partition(self, partition: int) -> int:
         """Seal a partition: no more appends; readers report the end of input there.
@@ -204,26 +300,30 @@ class StoreQueue:
             txn.set(self._key(partition, "sealed"), encode_int64(end))
             return end
 
-        return self._store.transact(seal)
+        # Idempotent: sealing again writes the same end (nothing appends after a seal).
+        return self._store.transact(seal, idempotent=True)
 
     # -- consumer -------------------------------------------------------------------------
 
     def first_row_index(self, partition: int) -> int:
         """The first row not trimmed."""
         return self._store.transact(
-            lambda txn: _decode_index(txn.get(self._key(partition, "first"), snapshot=True))
+            lambda txn: _decode_index(txn.get(self._key(partition, "first"), snapshot=True)),
+            idempotent=True,
         )
 
     def end_row_index(self, partition: int) -> int:
         """One past the last appended row."""
         return self._store.transact(
-            lambda txn: _decode_index(txn.get(self._key(partition, "end"), snapshot=True))
+            lambda txn: _decode_index(txn.get(self._key(partition, "end"), snapshot=True)),
+            idempotent=True,
         )
 
     def is_sealed(self, partition: int) -> bool:
         """Whether :meth:`close_partition` was called."""
         return self._store.transact(
-            lambda txn: txn.get(self._key(partition, "sealed"), snapshot=True) is not None
+            lambda txn: txn.get(self._key(partition, "sealed"), snapshot=True) is not None,
+            idempotent=True,
         )
 
     def _chunk_at(self, txn: Transaction, partition: int, row: int) -> tuple[int, int] | None:
@@ -248,7 +348,8 @@ class StoreQueue:
             InputError: The rows were trimmed, or ``begin_row_index`` is negative.
         """
         return self._store.transact(
-            lambda txn: self._read(txn, partition, begin_row_index, max(1, max_rows))
+            lambda txn: self._read(txn, partition, begin_row_index, max(1, max_rows)),
+            idempotent=True,
         )
 
     def _read(self, txn: Transaction, partition: int, begin: int, max_rows: int) -> ReadResult:
@@ -329,7 +430,8 @@ class StoreQueue:
             txn.clear_range(self._key(partition, "rows"), self._key(partition, "rows", below))
             txn.set(self._key(partition, "first"), encode_int64(target))
 
-        self._store.transact(trim)
+        # Idempotent: after it landed, the first row is at or past row_index.
+        self._store.transact(trim, idempotent=True)
 
     def reader(self, partition: int) -> StoreQueueReader:
         """A :class:`~millstream.inputs.base.PartitionReader` over one partition."""
@@ -337,7 +439,25 @@ class StoreQueue:
         return StoreQueueReader(self, partition)
 
     def close(self) -> None:
-        """Close the store connections."""
+        """Forget this object's own producer ids and close the store connections.
+
+        Nothing retries this object's appends any more, so the records that made them
+        idempotent are cleared (best effort: a store error leaves them, a few bytes each).
+        """
+        done, self._anonymous_ids = self._anonymous_ids, []
+        keys = [
+            self._key(partition, "producer", producer_id)
+            for producer_id, partitions in done
+            for partition in sorted(partitions)
+        ]
+        if keys:
+
+            def forget(txn: Transaction) -> None:
+                for key in keys:
+                    txn.clear(key)
+
+            with contextlib.suppress(StoreError):
+                self._store.transact(forget, idempotent=True, max_retries=3)
         self._store.close()
 
 

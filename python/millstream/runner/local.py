@@ -186,7 +186,8 @@ def prepare_store(processor: Processor, store: Store) -> None:
         for m in range(processor.num_mappers):
             txn.clear(drained_key(m))
 
-    store.transact(prepare)
+    # Idempotent: it checks the processor's record and clears markers.
+    store.transact(prepare, idempotent=True)
 
 
 def summarize(

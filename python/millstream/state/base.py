@@ -16,7 +16,11 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.exceptions import ConfigurationError, RetryableStoreError
+from millstream.exceptions import (
+    CommitUnknownResultError,
+    ConfigurationError,
+    RetryableStoreError,
+)
 from millstream.state.keys import Key, encode_keys, pack, range_of, unpack, wrap_int64
 from millstream.state.limits import DEFAULT_LIMITS, StoreLimits
 
@@ -36,6 +40,49 @@ def backoff_delay(attempt: int) -> float:
     """Jittered exponential backoff: uniform in ``[c/4, c]``, c = min(cap, base * 2**attempt)."""
     ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2 ** min(attempt, 30)))
     return random.uniform(ceiling / 4, ceiling)
+
+
+def run_transaction(
+    create: Callable[[], Transaction],
+    fn: Callable[[Transaction], T],
+    *,
+    idempotent: bool = False,
+    max_retries: int | None = DEFAULT_MAX_RETRIES,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """The retry loop of :meth:`Store.transact`, on transactions made by ``create``.
+
+    ``sleep`` waits between attempts (a simulation passes one that does not block).
+    """
+    attempt = 0
+    while True:
+        txn = create()
+        try:
+            result = fn(txn)
+            txn.commit()
+            return result
+        except CommitUnknownResultError as exc:
+            txn.reset()
+            if not idempotent:
+                name = getattr(fn, "__qualname__", repr(fn))
+                raise CommitUnknownResultError(
+                    f"{exc}. The transaction ({name}) may have been applied, and it is not "
+                    "declared idempotent, so it was not run again (that could apply it "
+                    "twice). Read whether its writes landed before running it again, or make "
+                    "it idempotent (running it again after it landed must change nothing) "
+                    "and pass transact(..., idempotent=True)"
+                ) from exc
+            if max_retries is not None and attempt >= max_retries:
+                raise
+        except RetryableStoreError:
+            txn.reset()
+            if max_retries is not None and attempt >= max_retries:
+                raise
+        except BaseException:
+            txn.reset()
+            raise
+        sleep(backoff_delay(attempt))
+        attempt += 1
 
 
 SORT_THRESHOLD = 1024
@@ -461,38 +508,36 @@ class Store(ABC):
         self,
         fn: Callable[[Transaction], T],
         *,
+        idempotent: bool = False,
         max_retries: int | None = DEFAULT_MAX_RETRIES,
     ) -> T:
         """Run ``fn`` in a new transaction and commit, retrying on retryable errors.
 
         Each attempt gets a fresh transaction, so ``fn`` must not keep state between calls
-        (it may run several times). Conflicts, commit-unknown-result and too-old errors are
-        retried after a jittered exponential backoff; every other error propagates.
+        (it may run several times). Conflicts and too-old errors are retried after a
+        jittered exponential backoff; every other error propagates. A commit whose outcome
+        is unknown (:class:`~millstream.exceptions.CommitUnknownResultError`: it may have
+        been applied) is retried only when ``fn`` is declared idempotent; otherwise it is
+        raised, since running ``fn`` again after it landed would apply it twice.
 
         Args:
             fn: Called with the transaction; its result is returned after the commit.
+            idempotent: ``fn`` changes nothing when run again after an attempt that landed
+                (it checks in the transaction whether its work is done, e.g. a sequence
+                number it records, or only reads and overwrites with the same values).
             max_retries: Give up after this many retries and raise the last error; ``None``
                 retries forever.
 
         Returns:
             What ``fn`` returned in the attempt that committed.
+
+        Raises:
+            CommitUnknownResultError: A commit's outcome is unknown and ``fn`` is not
+                declared idempotent; the message says what to do.
         """
-        attempt = 0
-        while True:
-            txn = self.create_transaction()
-            try:
-                result = fn(txn)
-                txn.commit()
-                return result
-            except RetryableStoreError:
-                txn.reset()
-                if max_retries is not None and attempt >= max_retries:
-                    raise
-                time.sleep(backoff_delay(attempt))
-                attempt += 1
-            except BaseException:
-                txn.reset()
-                raise
+        return run_transaction(
+            self.create_transaction, fn, idempotent=idempotent, max_retries=max_retries
+        )
 
     def __enter__(self) -> Store:
         return self
@@ -516,4 +561,5 @@ __all__ = [
     "Store",
     "Transaction",
     "backoff_delay",
+    "run_transaction",
 ]

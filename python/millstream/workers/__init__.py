@@ -69,7 +69,8 @@ class Heartbeat:
             write_worker_status(txn, self._role, self._index, {**metrics, "time": now})
 
         try:
-            self._store.transact(write, max_retries=3)
+            # Idempotent: the same entry and status, with the time taken before the first try.
+            self._store.transact(write, idempotent=True, max_retries=3)
         except (RetryableStoreError, StoreUnavailableError) as exc:
             log.warning("%s %d: heartbeat failed: %s", self._role, self._index, exc)
 
@@ -94,6 +95,7 @@ class Heartbeat:
         try:
             self._store.transact(
                 lambda txn: unregister_worker(txn, self._role, self._index, self._guid),
+                idempotent=True,
                 max_retries=3,
             )
         except (RetryableStoreError, StoreUnavailableError) as exc:
@@ -134,7 +136,7 @@ def run_worker(
     stop = stop_event if stop_event is not None else threading.Event()
     store = processor.open_store()
     try:
-        store.transact(lambda txn: check_processor_info(txn, processor.info))
+        store.transact(lambda txn: check_processor_info(txn, processor.info), idempotent=True)
         if role == "mapper":
             _serve_mapper(processor, index, store, stop, guid)
         else:
@@ -149,7 +151,7 @@ def _serve_mapper(
     t = processor.tuning
     worker = MapperWorker(processor, index, store, guid=guid)
     try:
-        store.transact(lambda txn: txn.clear(drained_key(index)))
+        store.transact(lambda txn: txn.clear(drained_key(index)), idempotent=True)
         server = RowsServer(
             worker,
             "0.0.0.0:0",

@@ -97,6 +97,7 @@ class MapperWorker:
         self.started_at = clock.now()
         self.errors = 0
         self.last_error = ""
+        self._input_trimmed_to: int | None = None
 
     # -- ingestion (thesis 4.3.3) -------------------------------------------------------
 
@@ -120,6 +121,7 @@ class MapperWorker:
         self._token = self.persisted.continuation_token
         self.end_of_input = False
         self._batches_unpersisted = 0
+        self._input_trimmed_to = None
 
     def _check_persisted(self) -> None:
         """Step 3 of 4.3.3: the persisted state must be the one this instance last saw."""
@@ -333,6 +335,7 @@ class MapperWorker:
                 )
             if not advanced:
                 txn.reset()
+                self._trim_to_persisted()
                 return False
             local = MapperState(input_index, shuffle_index, token, self.persisted.version)
             written = write_mapper_state(txn, self.index, local)
@@ -350,8 +353,19 @@ class MapperWorker:
         assert written is not None
         self.persisted = written
         self._batches_unpersisted = 0
-        self.reader.trim(written.input_unread_row_index, written.continuation_token)
+        self._trim_to_persisted()
         return True
+
+    def _trim_to_persisted(self) -> None:
+        """Trim the input up to the persisted state, unless this instance did already.
+
+        After a restart too: the state may have been persisted by a commit whose outcome
+        its instance never learned (or just before it died), and then nobody trimmed there.
+        """
+        state = self.persisted
+        if state.input_unread_row_index and self._input_trimmed_to != state.input_unread_row_index:
+            self.reader.trim(state.input_unread_row_index, state.continuation_token)
+            self._input_trimmed_to = state.input_unread_row_index
 
     def _applied(self, written: MapperState | None) -> bool:
         """After an unknown commit result: did our write land?"""
@@ -382,7 +396,8 @@ class MapperWorker:
                 raise SplitBrainError(f"mapper {self.index}: state changed while draining")
             txn.set(drained_key(self.index), pack((self.persisted.input_unread_row_index,)))
 
-        self.store.transact(mark)
+        # Idempotent: it re-checks the state and writes the same marker.
+        self.store.transact(mark, idempotent=True)
 
     def close(self) -> None:
         """Wake anything waiting on the window and release the reader."""
