@@ -36,6 +36,7 @@ from millstream.state.records import (
     read_reducer_state,
     write_reducer_state,
 )
+from millstream.state.replay import ReplayingTransaction
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 from millstream.workers.mapper import drained_key
 
@@ -93,6 +94,7 @@ class ReducerWorker:
         self._fetch_scale = 1.0
         self.last_write_size = 0
         self.capped = False
+        self.renewals = 0
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
         """Steps 2-3: the persisted state, live mappers, and mappers already drained."""
@@ -198,6 +200,18 @@ class ReducerWorker:
                     "Write less per row (FoundationDB: 10 MB and 5 s per transaction)"
                 ) from exc
             self._rescale(getattr(exc, "size", None), getattr(exc, "limit", None), failed=True)
+            if isinstance(exc, TransactionTooOldError):
+                self._note_error(
+                    "commit",
+                    TransactionTooOldError(
+                        f"reducer {self.index}: the store operations of one commit "
+                        f"({batch.num_rows} rows: {'; '.join(ranges)}) took longer than the "
+                        "transaction limit even replayed into a new transaction after reduce "
+                        f"(reduce itself may take as long as it needs); fetching fewer rows "
+                        f"next time (scale {self._fetch_scale:.3g}): {exc}"
+                    ),
+                )
+                return False
             self._note_error("commit", exc)
             return False
         if committed:
@@ -286,9 +300,15 @@ class ReducerWorker:
         ranges: list[str],
         payloads: list[bytes],
     ) -> bool:
-        """Steps 5-8: reduce inside a transaction, re-check the state, write it, commit."""
+        """Steps 5-8: reduce inside a transaction, re-check the state, write it, commit.
+
+        The transaction replays itself into a new one when ``reduce`` runs longer than
+        half the store's time limit (:class:`ReplayingTransaction`), so a slow ``reduce``
+        commits instead of failing as too old for ever; its reads stay conflict-checked, and
+        the re-read of the reducer's state below is one of them.
+        """
         fetched = sum(map(len, payloads))
-        txn = self.store.create_transaction()
+        txn = ReplayingTransaction(self.store)
         try:
             try:
                 self.user.reduce(batch, Transaction(txn))
@@ -317,6 +337,8 @@ class ReducerWorker:
         except BaseException:
             txn.reset()
             raise
+        finally:
+            self.renewals += txn.renewals
         self.last_state = new
         self.last_write_size = size
         self.commits += 1
@@ -338,6 +360,7 @@ class ReducerWorker:
             "rows_reduced": self.rows_reduced,
             "bytes_fetched": self.bytes_fetched,
             "split_brains": self.split_brains,
+            "renewals": self.renewals,
             "committed_row_indices": ",".join(map(str, committed)),
             "uptime": self.clock.now() - self.started_at,
             "errors": self.errors,

@@ -21,7 +21,7 @@ from millstream.exceptions import (
 )
 from millstream.rpc.calls import RowsHandler
 from millstream.rpc.inprocess import InProcessRowsClient
-from millstream.state import Store, decode_int64, open_store
+from millstream.state import Store, decode_int64, encode_int64, open_store
 from millstream.state.limits import StoreLimits
 from millstream.state.records import (
     OUTPUT,
@@ -451,3 +451,57 @@ def test_on_commit_follows_every_commit_and_only_commits(tmp_path: Path, fail: b
     assert len(user.committed) == reducer.commits > 0
     assert sum(user.committed) == reducer.rows_reduced
     assert ("on_commit failed" in reducer.last_error) == fail
+
+
+class SlowCountRows(CountRows):
+    """Counts rows, computing for six seconds (on the store's clock) after its first read."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        txn.get(("n", 0))  # a read: the transaction's clock is running
+        self.config["clock"].advance(6.0)  # longer than the 5 s transaction limit
+        super().reduce(batch, txn)
+
+
+def test_a_reduce_longer_than_the_transaction_limit_commits(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, _tables(), reducer=SlowCountRows)
+    c.store.clock = c.clock.now  # the store's 5 s limit runs on the test's clock
+    for reducer in c.reducers.values():
+        reducer.user.config = {"clock": c.clock}
+    c.run_to_end(limit=100)
+    assert c.output() == _expected(c.tables)
+    assert all(r.renewals >= r.commits > 0 for r in c.reducers.values())
+    c.store.close()
+
+
+class ReadModifyWriteTotal(ms.Reducer):
+    """Adds the batch's rows to a total it reads and writes back; slow on its first call."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        total = txn.get_int(("total",))
+        during = self.config.get("during")
+        if during is not None:
+            self.config = {}
+            during()
+        txn.set(("total",), encode_int64(total + batch.num_rows))
+
+
+def test_a_long_reduce_whose_reads_changed_meanwhile_is_not_committed(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, _tables(), num_reducers=1, reducer=ReadModifyWriteTotal)
+    c.store.clock = c.clock.now
+
+    def slow_while_another_writer_adds() -> None:
+        c.clock.advance(6.0)
+        c.store.transact(lambda txn: txn.add((*OUTPUT, "total"), 1000))
+
+    c.reducers[0].user.config = {"during": slow_while_another_writer_adds}
+    c.run_to_end(limit=100)
+    # The first reduce read the total before the other writer's 1000: committing its write
+    # would lose them. Its replay saw the change, and the rows were reduced again.
+    rows = sum(t.num_rows for t in c.tables)
+    txn = c.store.create_transaction()
+    try:
+        assert decode_int64(txn.get((*OUTPUT, "total")) or b"") == 1000 + rows
+    finally:
+        txn.reset()
+    assert c.reducers[0].split_brains >= 1
+    c.store.close()
