@@ -12,7 +12,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from millstream.exceptions import CommitUnknownResultError, DuplicateSequenceError
+from millstream.exceptions import (
+    CommitUnknownResultError,
+    DuplicateSequenceError,
+    StoreUnavailableError,
+)
 from millstream.inputs.store_queue import StoreQueue
 from millstream.state import encode_int64
 
@@ -127,3 +131,29 @@ def test_a_state_commit_that_lands_after_its_check_still_trims_the_input() -> No
     outcome = replay(CONFIG, steps)  # the drain checks every partition is trimmed to its end
     trace = "\n".join(outcome.trace)
     assert "in-flight commit lands" in trace
+
+
+def test_a_large_append_interrupted_between_pieces_resumes_without_duplicates() -> None:
+    # About 9 MB: three transactions. The second one fails; repeating the append with its
+    # sequence skips the piece that landed and appends the rest.
+    sim = Simulation(CONFIG)
+    try:
+        queue = StoreQueue(sim.store, "large", 1)  # type: ignore[arg-type]
+        rows = 90_000
+        batch = pa.record_batch(
+            {"row": pa.array(range(rows)), "pad": pa.array([b"x" * 92] * rows, pa.binary())}
+        )
+        producer = queue.producer("bulk")
+        sim.plan.armed.extend([None, "unavailable"])  # type: ignore[list-item]
+        with pytest.raises(StoreUnavailableError):
+            producer.append(0, batch, sequence=0)
+        landed = queue.end_row_index(0)
+        assert 0 < landed < rows
+        assert producer.append(0, batch, sequence=0) == (0, rows)
+        stored = StoreQueue(sim.raw, "large", 1)
+        got: list[int] = []
+        while (part := stored.read(0, len(got), rows).batch) is not None:
+            got.extend(part.column("row").to_pylist())
+        assert got == list(range(rows))
+    finally:
+        sim.close()

@@ -167,6 +167,36 @@ def test_keyed_sum_is_exact(spark: Any, tmp_path: Path) -> None:
     assert {row["key"]: row["value"] for row in out.collect()} == expected_sums(table)
 
 
+def test_write_queue_retried_task_appends_each_row_once(spark: Any, tmp_path: Path) -> None:
+    # Two Spark partitions of about 11 MB: each appends a few 4 MB pieces before its
+    # first attempt fails near its end; Spark retries the task.
+    rows = 200_000
+
+    def fail_first_attempt_late(batches: Any) -> Any:  # defined here: pickled by value
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        half = rows // 2
+        for batch in batches:
+            ids = batch.column(0)
+            last = ids[len(ids) - 1].as_py()
+            if ctx is not None and ctx.attemptNumber() == 0 and last % half >= half * 9 // 10:
+                raise RuntimeError("injected: the first attempt dies after appending")
+            yield pa.record_batch({"id": ids, "payload": pa.array([b"x" * 100] * len(ids))})
+
+    queue = StoreQueue(f"sqlite:///{tmp_path / 'retried.db'}", "retried", 2)
+    df = spark.range(0, rows, 1, 2).mapInArrow(fail_first_attempt_late, "id long, payload binary")
+    assert write_queue(df, queue, close=True) == rows
+    ids: list[int] = []
+    for p in range(2):
+        at = 0
+        while (batch := queue.read(p, at, 50_000).batch) is not None:
+            ids.extend(batch.column("id").to_pylist())
+            at += batch.num_rows
+    assert len(ids) == rows, f"{len(ids) - len(set(ids))} rows appended twice"
+    assert sorted(ids) == list(range(rows))
+
+
 def test_write_queue_by_column(spark: Any, tmp_path: Path) -> None:
     _, queue = make_processor(tmp_path)
     table = make_rows(5_000, seed=2)

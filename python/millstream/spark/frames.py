@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.exceptions import ConfigurationError
+from millstream.exceptions import ConfigurationError, DuplicateSequenceError
 from millstream.inputs.store_queue import StoreQueue
 from millstream.state.keys import decode_int64
 from millstream.state.records import OUTPUT
@@ -20,14 +22,20 @@ APPEND_BYTES = 4_000_000
 """Arrow bytes an executor gathers before one append (one store transaction)."""
 
 
-def _appender(queue: StoreQueue, partition_by: str | None) -> Any:
+def _appender(queue: StoreQueue, partition_by: str | None, write_id: str) -> Any:
     n = queue.num_partitions
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        fixed = (ctx.partitionId() if ctx is not None else 0) % n
+        spark_partition = ctx.partitionId() if ctx is not None else 0
+        fixed = spark_partition % n
+        # Every attempt of this task appends as the same producer, its k-th append to a
+        # queue partition as sequence k: a retried attempt skips what an earlier one
+        # appended.
+        producer = queue.producer(f"spark-write-{write_id}-{spark_partition}")
+        sequences: dict[int, int] = {}
         pending: dict[int, list[pa.RecordBatch]] = {}
         sizes: dict[int, int] = {}
         written = 0
@@ -38,7 +46,11 @@ def _appender(queue: StoreQueue, partition_by: str | None) -> Any:
             if not rows:
                 return 0
             table = pa.Table.from_batches(rows)
-            queue.append(p, table)
+            sequence = sequences.get(p, 0)
+            sequences[p] = sequence + 1
+            # Appended by an earlier attempt of this task: nothing to do.
+            with contextlib.suppress(DuplicateSequenceError):
+                producer.append(p, table, sequence=sequence)
             return int(table.num_rows)
 
         def add(p: int, batch: pa.RecordBatch) -> int:
@@ -78,9 +90,13 @@ def write_queue(
     ``spark_partition % queue.num_partitions``, or to the partition named by the integer
     column ``partition_by`` of each row. Appends from different Spark partitions interleave.
 
-    Appending is at least once: if Spark retries a write task that had already appended
-    some rows, those rows are appended again. Write into a fresh queue and rerun the whole
-    write on failure when duplicates matter.
+    Appending is exactly once when each Spark partition yields the same rows in the same
+    order on a retry (a file source, a sorted DataFrame; not rows whose order depends on a
+    shuffle): every attempt of one task appends as one :meth:`StoreQueue.producer`, its
+    k-th append to a queue partition as sequence number k, so a retried or speculative
+    attempt skips the appends an earlier one made, and an append whose commit outcome is
+    unknown is retried without landing twice. Calling ``write_queue`` again writes the
+    rows again.
 
     Args:
         df: The DataFrame; its Arrow schema becomes the queue partitions' schema.
@@ -94,7 +110,7 @@ def write_queue(
     """
     if partition_by is not None and partition_by not in df.columns:
         raise ConfigurationError(f"write_queue: no column {partition_by!r} in {df.columns}")
-    counts = df.mapInArrow(_appender(queue, partition_by), "rows long")
+    counts = df.mapInArrow(_appender(queue, partition_by, uuid.uuid4().hex), "rows long")
     written = sum(int(row["rows"]) for row in counts.collect())
     if close:
         for p in range(queue.num_partitions):

@@ -393,7 +393,9 @@ class Transaction(ABC):
         Raises:
             StoreConflictError: Something this transaction read changed; retry it.
             CommitUnknownResultError: The commit may or may not have happened (FoundationDB);
-                retry only if the transaction is idempotent (millstream's are).
+                run the transaction again only if it is idempotent (:meth:`Store.transact`
+                does so for bodies declared ``idempotent=True``), else read whether it
+                landed first.
             TransactionTooOldError: The transaction ran longer than five seconds.
             StoreUnavailableError: The store cannot be reached or stays locked.
         """
