@@ -428,6 +428,7 @@ class SimProducer:
         self.producer = QueueProducer(self.queue, "sim-producer")
         self.batches: list[list[list[int]]] = [[] for _ in range(QUEUE_PARTITIONS)]
         self.acked = [0] * QUEUE_PARTITIONS
+        self.resumed = [True] * QUEUE_PARTITIONS
         self.next_row = 0
 
     def append(self, partition: int, rows: int) -> None:
@@ -437,6 +438,8 @@ class SimProducer:
         self.send(partition)
 
     def send(self, partition: int) -> None:
+        if not self.resume(partition):
+            return
         batches = self.batches[partition]
         while self.acked[partition] < len(batches):
             k = self.acked[partition]
@@ -453,14 +456,27 @@ class SimProducer:
     def restart(self) -> None:
         """A new producer process: it resumes after the last sequence the store holds."""
         self.producer = QueueProducer(self.queue, "sim-producer")
+        self.resumed = [False] * QUEUE_PARTITIONS
         for p in range(QUEUE_PARTITIONS):
-            resume = self.producer.last_sequence(p) + 1
-            self.sim.note(f"producer restarts: p{p} resumes at seq {resume}")
-            assert resume >= self.acked[p], (
-                f"queue partition {p}: the store holds producer sequences up to {resume - 1} "
-                f"but {self.acked[p] - 1} was acknowledged"
-            )
-            self.acked[p] = min(resume, len(self.batches[p]))
+            self.resume(p)
+
+    def resume(self, partition: int) -> bool:
+        """After a restart, learn where to resume (once the store answers)."""
+        if self.resumed[partition]:
+            return True
+        try:
+            resume = self.producer.last_sequence(partition) + 1
+        except STORE_ERRORS as exc:
+            self.sim.note(f"producer p{partition} cannot resume yet: {type(exc).__name__}")
+            return False
+        self.sim.note(f"producer restarts: p{partition} resumes at seq {resume}")
+        assert resume >= self.acked[partition], (
+            f"queue partition {partition}: the store holds producer sequences up to "
+            f"{resume - 1} but {self.acked[partition] - 1} was acknowledged"
+        )
+        self.acked[partition] = min(resume, len(self.batches[partition]))
+        self.resumed[partition] = True
+        return True
 
     def stored(self, partition: int) -> list[int]:
         """Every row in the queue partition, in order (read without faults)."""
@@ -496,6 +512,7 @@ class SimProducer:
 
     def finish(self) -> None:
         """Faults off: send what is still unacknowledged."""
+        self.sim.plan.land()
         for p in range(QUEUE_PARTITIONS):
             self.send(p)
             assert self.acked[p] == len(self.batches[p]), f"producer p{p} still failing"
@@ -1080,10 +1097,21 @@ class Simulation:
             self.ingest_instance(new)
             self.reduce_all()
 
-    def append_to_queue(self, partition: int, rows: int, faults: Sequence[str]) -> None:
-        """The producer appends ``rows`` rows, its commits meeting ``faults`` first."""
+    def append_to_queue(
+        self, partition: int, rows: int, faults: Sequence[str], restart: bool = False
+    ) -> None:
+        """The producer appends ``rows`` rows, its commits meeting ``faults`` first.
+
+        ``restart``: the producer process restarts first (and resumes from the store).
+        """
         if self.producer is None:
-            self.producer = SimProducer(self)
+            try:
+                self.producer = SimProducer(self)
+            except STORE_ERRORS as exc:
+                self.note(f"producer cannot open the queue: {type(exc).__name__}")
+                return
+        if restart:
+            self.producer.restart()
         self.plan.armed.extendleft(reversed(faults))
         self.producer.append(partition, rows)
 
@@ -1145,10 +1173,7 @@ class Simulation:
         elif kind == "restart_mid_stream":
             self.restart_mid_stream(args[0] % self.M, *args[1:])
         elif kind == "append":
-            self.append_to_queue(args[0] % QUEUE_PARTITIONS, args[1], tuple(args[2]))
-        elif kind == "restart_producer":
-            if self.producer is not None:
-                self.producer.restart()
+            self.append_to_queue(args[0] % QUEUE_PARTITIONS, args[1], tuple(args[2]), *args[3:])
         else:
             raise ValueError(f"unknown action {action!r}")
 

@@ -186,13 +186,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         p=st.integers(0, 1),
         rows=st.integers(1, 4),
         faults=st.lists(st.sampled_from(COMMIT_FAULTS), max_size=2).map(tuple),
+        restart=st.booleans(),
     )
-    def append_input(self, p: int, rows: int, faults: tuple[str, ...]) -> None:
-        self._step("append", p, rows, faults)
-
-    @rule()
-    def restart_producer(self) -> None:
-        self._step("restart_producer")
+    def append_input(self, p: int, rows: int, faults: tuple[str, ...], restart: bool) -> None:
+        self._step("append", p, rows, faults, restart)
 
     # -- faults ---------------------------------------------------------------------
 
