@@ -273,7 +273,9 @@ def test_read_only_transaction_commits_despite_later_writes(store: Store) -> Non
     a.commit()
 
 
-def test_transact_retries_conflicts_and_unknown_results(store: Store) -> None:
+def test_transact_retries_conflicts_and_unknown_results_of_idempotent_bodies(
+    store: Store,
+) -> None:
     attempts: list[int] = []
 
     def fn(txn: Transaction) -> str:
@@ -283,12 +285,27 @@ def test_transact_retries_conflicts_and_unknown_results(store: Store) -> None:
             store.transact(lambda t: t.set(("c",), b"interloper"))
         if len(attempts) == 2:
             raise CommitUnknownResultError("simulated 1021")
+        if value is not None and value.endswith(b"+"):
+            return "done"  # what an idempotent body does: check whether its work is done
         txn.set(("c",), (value or b"") + b"+")
         return "done"
 
-    assert store.transact(fn) == "done"
+    assert store.transact(fn, idempotent=True) == "done"
     assert len(attempts) == 3
     assert store.transact(lambda t: t.get(("c",))) == b"interloper+"
+
+
+def test_transact_does_not_rerun_other_bodies_after_an_unknown_result(store: Store) -> None:
+    attempts: list[None] = []
+
+    def fn(txn: Transaction) -> None:
+        attempts.append(None)
+        txn.add(("n",), 1)
+        raise CommitUnknownResultError("simulated 1021")
+
+    with pytest.raises(CommitUnknownResultError, match=r"not declared idempotent.*idempotent=True"):
+        store.transact(fn)
+    assert len(attempts) == 1
 
 
 def test_transact_gives_up_after_max_retries(store: Store) -> None:
