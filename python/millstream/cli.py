@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import os
 import sys
 import time
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from millstream.exceptions import MillstreamError
@@ -19,19 +23,53 @@ if TYPE_CHECKING:
 
 
 def load_processor(reference: str) -> Processor:
-    """Import ``module:attribute`` and return the processor it names."""
+    """Return the processor named by ``module:attribute`` or ``path/to/job.py:attribute``.
+
+    A file is loaded as a script: its directory goes first on ``sys.path`` (as with
+    ``python job.py``), it runs under its file name (not as ``__main__``, so a main guard
+    keeps the job from starting during the load), and workers get its classes by value,
+    never importing it again.
+    """
     from millstream.processor import Processor
 
-    module_name, _, attribute = reference.partition(":")
+    module_name, _, attribute = reference.rpartition(":")
     if not module_name or not attribute:
-        raise MillstreamError(f"expected <module>:<processor>, got {reference!r}")
-    if "" not in sys.path:
-        sys.path.insert(0, "")
-    module = importlib.import_module(module_name)
+        raise MillstreamError(
+            f"expected <module>:<processor> or <file.py>:<processor>, got {reference!r}"
+        )
+    if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
+        module = _load_script(Path(module_name))
+    else:
+        if "" not in sys.path:
+            sys.path.insert(0, "")
+        module = importlib.import_module(module_name)
     processor = getattr(module, attribute, None)
     if not isinstance(processor, Processor):
         raise MillstreamError(f"{reference} is not a millstream.Processor (got {processor!r})")
     return processor
+
+
+def _load_script(path: Path) -> ModuleType:
+    import cloudpickle
+
+    from millstream.runner.forkserver import register_script
+
+    if not path.is_file():
+        raise MillstreamError(f"no such file: {path} (give <file.py>:<processor>)")
+    path = path.resolve()
+    name = path.stem
+    if not name.isidentifier() or name in sys.modules:
+        name = "_millstream_script_" + "".join(c if c.isalnum() else "_" for c in name)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise MillstreamError(f"cannot load {path} as Python source")
+    sys.path.insert(0, str(path.parent))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    register_script(name)
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -44,7 +82,14 @@ def _run(args: argparse.Namespace) -> int:
         f"{processor.num_reducers} reducers, store {processor.store}",
         file=sys.stderr,
     )
-    summary = processor.run_local(progress=not args.quiet, timeout=args.timeout)
+    from millstream.runner.local import RunStopped
+
+    try:
+        summary = processor.run_local(progress=not args.quiet, timeout=args.timeout)
+    except RunStopped as stopped:
+        if stopped.summary is not None:
+            print(stopped.summary)
+        return 128 + stopped.signum
     print(summary)
     return 0
 
@@ -125,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="millstream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a processor on this machine until its input drains")
-    run.add_argument("processor", help="module:attribute of a millstream.Processor")
+    run.add_argument(
+        "processor", help="module:attribute or file.py:attribute of a millstream.Processor"
+    )
     run.add_argument("--timeout", type=float, default=None, help="give up after seconds")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.set_defaults(func=_run)
