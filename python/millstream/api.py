@@ -88,7 +88,7 @@ class Partitioned:
         whose output order is unspecified (pyarrow's multi-threaded ``group_by``, iterating
         a ``set``) still maps a batch to the same rows at the same shuffle indices after a
         restart, as exactly-once requires. It costs a linear-time radix sort and a copy of
-        the batch (about 15 ns per row); turn it off when ``map``'s order is already
+        the batch (about 25 ns per row); turn it off when ``map``'s order is already
         deterministic and the rows are many.
         """
         batch = _as_batch(batch)
