@@ -534,7 +534,7 @@ class LocalRunner:
         self.stop()
         last = f"; its last error: {slot.last_error}" if slot.last_error else ""
         raise CrashLoopError(
-            f"{wid[0]} {wid[1]} {_exit_text(code)}, its {len(slot.deaths)}th death within "
+            f"{wid[0]} {wid[1]} {_exit_text(code)}: it died {len(slot.deaths)} times within "
             f"{strategy.window_seconds:g} s, more than the {strategy.max_restarts} restarts "
             f"the restart strategy allows{last}. Fix the cause and run again (a restart "
             "resumes from the last commit), or allow more restarts with "
