@@ -75,7 +75,11 @@ class MapperStatus:
         self._metrics = metrics
         # A copy of its own: the heartbeat thread must not share the ingestion thread's
         # readers or store connections.
-        self._source = pickle.loads(pickle.dumps(source))
+        try:
+            self._source: Any = pickle.loads(pickle.dumps(source))
+        except Exception as exc:  # an input that does not copy shows no lag
+            log.debug("mapper %d: no lag figures, the input does not copy: %s", partition, exc)
+            self._source = None
         self._partition = partition
         self._rates = RecentRates()
 
