@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from millstream import exceptions, inputs
     from millstream._core import __version__
     from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
+    from millstream.config import RestartStrategy
     from millstream.inputs.base import PartitionReader, ReadResult
     from millstream.processor import Input, Processor
-    from millstream.runner.local import RunSummary
+    from millstream.runner.local import RunStopped, RunSummary
 
 _WHERE = {
     "Input": "millstream.processor",
@@ -36,6 +37,8 @@ _WHERE = {
     "Processor": "millstream.processor",
     "ReadResult": "millstream.inputs.base",
     "Reducer": "millstream.api",
+    "RestartStrategy": "millstream.config",
+    "RunStopped": "millstream.runner.local",
     "RunSummary": "millstream.runner.local",
     "Transaction": "millstream.api",
     "Tuning": "millstream.api",
@@ -68,6 +71,8 @@ __all__ = [
     "Processor",
     "ReadResult",
     "Reducer",
+    "RestartStrategy",
+    "RunStopped",
     "RunSummary",
     "Transaction",
     "Tuning",

@@ -21,6 +21,7 @@ __all__ = [
     "decode_ipc",
     "hash_keys",
     "hash_partition",
+    "hash_partition_ordered",
 ]
 
 __version__: str
@@ -123,6 +124,12 @@ class Window:
 def hash_partition(batch: Any, key_columns: list[str], num_reducers: int) -> pa.Array:
     """Stable reducer index (int32) for every row from the named key columns; the same in
     every process, platform and release (documented hash, pinned by golden vectors)."""
+
+def hash_partition_ordered(
+    batch: Any, key_columns: list[str], num_reducers: int
+) -> tuple[pa.Array, pa.Array]:
+    """The canonical row order (uint32 row numbers: rows sorted by key hash, equal hashes in
+    input order) and the reducer index (int32) of every row in that order."""
 
 def hash_keys(batch: Any, key_columns: list[str]) -> pa.Array:
     """The 64-bit row hash (uint64) behind ``hash_partition``; reducer = (hash * n) >> 64."""

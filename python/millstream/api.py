@@ -69,16 +69,34 @@ class Partitioned:
 
     @classmethod
     def by_hash(
-        cls, batch: pa.RecordBatch | pa.Table, key: str | Sequence[str], num_reducers: int
+        cls,
+        batch: pa.RecordBatch | pa.Table,
+        key: str | Sequence[str],
+        num_reducers: int,
+        *,
+        canonical_order: bool = True,
     ) -> Partitioned:
         """Send each row to the reducer chosen by a stable hash of its key columns.
 
         The hash is fixed and documented (the same in every process, machine and release),
         so equal keys always reach the same reducer.
+
+        With ``canonical_order`` (the default) the rows are put in the order of their key
+        hashes, rows with equal keys in the order ``map`` gave them. When the keys are
+        unique within the batch, as after a pre-aggregation, the result then depends only
+        on which rows ``map`` produced, not on their order: a ``map`` built on operations
+        whose output order is unspecified (pyarrow's multi-threaded ``group_by``, iterating
+        a ``set``) still maps a batch to the same rows at the same shuffle indices after a
+        restart, as exactly-once requires. It costs a linear-time radix sort and a copy of
+        the batch (about 25 ns per row); turn it off when ``map``'s order is already
+        deterministic and the rows are many.
         """
         batch = _as_batch(batch)
         keys = [key] if isinstance(key, str) else list(key)
-        return cls(batch, _core.hash_partition(batch, keys, num_reducers))
+        if not canonical_order:
+            return cls(batch, _core.hash_partition(batch, keys, num_reducers))
+        order, reducer_indices = _core.hash_partition_ordered(batch, keys, num_reducers)
+        return cls(batch.take(order), reducer_indices)
 
     @classmethod
     def to_reducer(cls, batch: pa.RecordBatch | pa.Table, reducer_index: int) -> Partitioned:
@@ -177,10 +195,12 @@ class Mapper(ABC):
     in the same order, with the same reducer indices, in every process and after every
     restart. millstream re-maps input after failures and relies on this for exactly-once;
     it cannot check it. A mapper may combine rows of one batch (pre-aggregate) before the
-    shuffle. Watch for operations whose output order is unspecified: pyarrow's
-    ``Table.group_by`` guarantees no order unless called with ``use_threads=False`` (which
-    is also faster in a worker: one process per core), and Python's ``hash`` of strings
-    changes between processes.
+    shuffle. :meth:`Partitioned.by_hash` puts rows with distinct keys in a canonical order,
+    so the order of a pre-aggregated batch cannot break this; with other constructors,
+    watch for operations whose output order is unspecified: pyarrow's ``Table.group_by``
+    guarantees no order unless called with ``use_threads=False`` (which is also faster in a
+    worker: one process per core), and Python's ``hash`` of strings changes between
+    processes.
 
     Attributes:
         spec: This worker's :class:`WorkerSpec`.

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import json
+import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from millstream.exceptions import MillstreamError
 
@@ -19,19 +24,53 @@ if TYPE_CHECKING:
 
 
 def load_processor(reference: str) -> Processor:
-    """Import ``module:attribute`` and return the processor it names."""
+    """Return the processor named by ``module:attribute`` or ``path/to/job.py:attribute``.
+
+    A file is loaded as a script: its directory goes first on ``sys.path`` (as with
+    ``python job.py``), it runs under its file name (not as ``__main__``, so a main guard
+    keeps the job from starting during the load), and workers get its classes by value,
+    never importing it again.
+    """
     from millstream.processor import Processor
 
-    module_name, _, attribute = reference.partition(":")
+    module_name, _, attribute = reference.rpartition(":")
     if not module_name or not attribute:
-        raise MillstreamError(f"expected <module>:<processor>, got {reference!r}")
-    if "" not in sys.path:
-        sys.path.insert(0, "")
-    module = importlib.import_module(module_name)
+        raise MillstreamError(
+            f"expected <module>:<processor> or <file.py>:<processor>, got {reference!r}"
+        )
+    if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
+        module = _load_script(Path(module_name))
+    else:
+        if "" not in sys.path:
+            sys.path.insert(0, "")
+        module = importlib.import_module(module_name)
     processor = getattr(module, attribute, None)
     if not isinstance(processor, Processor):
         raise MillstreamError(f"{reference} is not a millstream.Processor (got {processor!r})")
     return processor
+
+
+def _load_script(path: Path) -> ModuleType:
+    import cloudpickle
+
+    from millstream.runner.forkserver import register_script
+
+    if not path.is_file():
+        raise MillstreamError(f"no such file: {path} (give <file.py>:<processor>)")
+    path = path.resolve()
+    name = path.stem
+    if not name.isidentifier() or name in sys.modules:
+        name = "_millstream_script_" + "".join(c if c.isalnum() else "_" for c in name)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise MillstreamError(f"cannot load {path} as Python source")
+    sys.path.insert(0, str(path.parent))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    register_script(name)
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -44,17 +83,34 @@ def _run(args: argparse.Namespace) -> int:
         f"{processor.num_reducers} reducers, store {processor.store}",
         file=sys.stderr,
     )
-    summary = processor.run_local(progress=not args.quiet, timeout=args.timeout)
+    from millstream.runner.local import RunStopped
+
+    try:
+        summary = processor.run_local(progress=not args.quiet, timeout=args.timeout)
+    except RunStopped as stopped:
+        if stopped.summary is not None:
+            print(stopped.summary)
+        return 128 + stopped.signum
     print(summary)
     return 0
 
 
-def _rate(status: dict[str, Metric], what: str) -> float:
-    uptime = float(status.get("uptime", 0) or 0)
-    return float(status.get(what, 0) or 0) / uptime if uptime > 0 else 0.0
+def _float(status: dict[str, Metric], what: str) -> float:
+    try:
+        return float(status.get(what, 0) or 0)
+    except ValueError:
+        return 0.0
 
 
-def _status(args: argparse.Namespace) -> int:
+def collect_status(store_url: str, prefix: str, heartbeat: float = 1.0) -> dict[str, Any] | None:
+    """A processor's status as plain data (what ``status --json`` prints); None if the
+    store holds no processor under ``prefix``.
+
+    Mappers: rows read and persisted, ``lag_rows`` (rows of the input partition not yet
+    committed, when the input knows its end), ``lag_seconds`` (that lag over the recent
+    commit rate), recent rows/s and the window. Reducers: commits, rows, recent rows/s,
+    seconds since the last commit and the committed row indices.
+    """
     from millstream.state import open_store
     from millstream.state.records import (
         freshest_workers,
@@ -65,59 +121,134 @@ def _status(args: argparse.Namespace) -> int:
         read_statuses,
     )
 
-    store = open_store(args.store, prefix=(args.prefix,))
+    store = open_store(store_url, prefix=(prefix,))
     txn = store.create_transaction()
     try:
         info = read_processor_info(txn)
         if info is None:
-            print(f"no processor under prefix {args.prefix!r} in {args.store}")
-            return 1
+            return None
         statuses = read_statuses(txn)
-        mappers = freshest_workers(list_workers(txn, "mapper"))
-        reducers = freshest_workers(list_workers(txn, "reducer"))
+        live_mappers = freshest_workers(list_workers(txn, "mapper"))
+        live_reducers = freshest_workers(list_workers(txn, "reducer"))
         now = time.time()
-        stale = 10 * args.heartbeat
-        errors: list[str] = []
-        print(f"processor {args.prefix}: {info.num_mappers} mappers, {info.num_reducers} reducers")
-        print(
-            f"{'mapper':>6} {'alive':>5} {'read':>12} {'persisted':>12} {'read lag':>10} "
-            f"{'window rows':>12} {'window MB':>10} {'limit MB':>9} {'rows/s':>10}"
-        )
+        stale = 10 * heartbeat
+        mappers = []
         for m in range(info.num_mappers):
             state = read_mapper_state(txn, m)
             s = statuses.get(("mapper", m), {})
-            alive = m in mappers and now - mappers[m].heartbeat < stale
-            read = max(int(s.get("input_end_row_index", 0)), state.input_unread_row_index)
-            print(
-                f"{m:>6} {'yes' if alive else 'no':>5} {read:>12,} "
-                f"{state.input_unread_row_index:>12,} {read - state.input_unread_row_index:>10,} "
-                f"{int(s.get('window_rows', 0)):>12,} {int(s.get('window_bytes', 0)) / 1e6:>10.1f} "
-                f"{int(s.get('memory_limit_bytes', 0)) / 1e6:>9.0f} {_rate(s, 'rows_read'):>10,.0f}"
+            persisted = state.input_unread_row_index
+            end = s.get("partition_end_row_index")
+            lag = None if end is None else max(0, int(end) - persisted)
+            rate = _float(s, "rows_persisted_per_second")
+            lag_seconds = (
+                None if lag is None else (0.0 if lag == 0 else lag / rate if rate else None)
             )
-            if s.get("last_error"):
-                errors.append(f"mapper {m}: {s['last_error']}")
-        print(
-            f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12} {'rows/commit':>11} "
-            f"{'rows/s':>10} {'MB/s':>7}  committed row indices"
-        )
+            mappers.append(
+                {
+                    "index": m,
+                    "alive": m in live_mappers and now - live_mappers[m].heartbeat < stale,
+                    "rows_read": max(int(_float(s, "input_end_row_index")), persisted),
+                    "rows_persisted": persisted,
+                    "partition_end_row_index": None if end is None else int(end),
+                    "lag_rows": lag,
+                    "lag_seconds": lag_seconds,
+                    "rows_per_second": _float(s, "rows_read_per_second"),
+                    "window_rows": int(_float(s, "window_rows")),
+                    "window_bytes": int(_float(s, "window_bytes")),
+                    "memory_limit_bytes": int(_float(s, "memory_limit_bytes")),
+                    "last_error": str(s.get("last_error", "")),
+                }
+            )
+        reducers = []
         for r in range(info.num_reducers):
             committed = read_reducer_state(txn, r, info.num_mappers).committed_row_indices
             s = statuses.get(("reducer", r), {})
-            alive = r in reducers and now - reducers[r].heartbeat < stale
-            commits, rows = int(s.get("commits", 0)), int(s.get("rows_reduced", 0))
-            print(
-                f"{r:>7} {'yes' if alive else 'no':>5} {commits:>9,} {rows:>12,} "
-                f"{rows // max(1, commits):>11,} {_rate(s, 'rows_reduced'):>10,.0f} "
-                f"{_rate(s, 'bytes_fetched') / 1e6:>7.1f}  {list(committed)}"
+            last_commit = _float(s, "last_commit_time")
+            reducers.append(
+                {
+                    "index": r,
+                    "alive": r in live_reducers and now - live_reducers[r].heartbeat < stale,
+                    "commits": int(_float(s, "commits")),
+                    "rows_reduced": int(_float(s, "rows_reduced")),
+                    "rows_per_second": _float(s, "rows_reduced_per_second"),
+                    "bytes_per_second": _float(s, "bytes_fetched") / _float(s, "uptime")
+                    if _float(s, "uptime")
+                    else 0.0,
+                    "seconds_since_commit": now - last_commit if last_commit else None,
+                    "committed_row_indices": list(committed),
+                    "last_error": str(s.get("last_error", "")),
+                }
             )
-            if s.get("last_error"):
-                errors.append(f"reducer {r}: {s['last_error']}")
-        for line in errors:
-            print(f"last error of {line}")
     finally:
         txn.reset()
         store.close()
-    return 0
+    return {
+        "processor": prefix,
+        "num_mappers": info.num_mappers,
+        "num_reducers": info.num_reducers,
+        "time": now,
+        "mappers": mappers,
+        "reducers": reducers,
+    }
+
+
+def _optional(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The human-readable table of :func:`collect_status`."""
+    lines = [
+        f"processor {status['processor']}: {status['num_mappers']} mappers, "
+        f"{status['num_reducers']} reducers",
+        f"{'mapper':>6} {'alive':>5} {'read':>12} {'persisted':>12} {'lag rows':>10} "
+        f"{'lag s':>7} {'rows/s':>10} {'window rows':>12} {'window MB':>10} {'limit MB':>9}",
+    ]
+    errors = []
+    for m in status["mappers"]:
+        lines.append(
+            f"{m['index']:>6} {'yes' if m['alive'] else 'no':>5} {m['rows_read']:>12,} "
+            f"{m['rows_persisted']:>12,} {_optional(m['lag_rows'], ',d'):>10} "
+            f"{_optional(m['lag_seconds'], '.1f'):>7} {m['rows_per_second']:>10,.0f} "
+            f"{m['window_rows']:>12,} {m['window_bytes'] / 1e6:>10.1f} "
+            f"{m['memory_limit_bytes'] / 1e6:>9.0f}"
+        )
+        if m["last_error"]:
+            errors.append(f"mapper {m['index']}: {m['last_error']}")
+    lines.append(
+        f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12} {'rows/commit':>11} "
+        f"{'rows/s':>10} {'MB/s':>7} {'last commit':>11}  committed row indices"
+    )
+    for r in status["reducers"]:
+        since = r["seconds_since_commit"]
+        lines.append(
+            f"{r['index']:>7} {'yes' if r['alive'] else 'no':>5} {r['commits']:>9,} "
+            f"{r['rows_reduced']:>12,} {r['rows_reduced'] // max(1, r['commits']):>11,} "
+            f"{r['rows_per_second']:>10,.0f} {r['bytes_per_second'] / 1e6:>7.1f} "
+            f"{_optional(since, '.1f') + (' s ago' if since is not None else ''):>11}  "
+            f"{r['committed_row_indices']}"
+        )
+        if r["last_error"]:
+            errors.append(f"reducer {r['index']}: {r['last_error']}")
+    lines.extend(f"last error of {line}" for line in errors)
+    return "\n".join(lines)
+
+
+def _status(args: argparse.Namespace) -> int:
+    while True:
+        status = collect_status(args.store, args.prefix, args.heartbeat)
+        if status is None:
+            print(f"no processor under prefix {args.prefix!r} in {args.store}")
+            return 1
+        if args.json:
+            print(json.dumps(status), flush=True)
+        else:
+            if args.watch:
+                print("\033[H\033[J", end="")  # clear the terminal
+            print(render_status(status), flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="millstream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a processor on this machine until its input drains")
-    run.add_argument("processor", help="module:attribute of a millstream.Processor")
+    run.add_argument(
+        "processor", help="module:attribute or file.py:attribute of a millstream.Processor"
+    )
     run.add_argument("--timeout", type=float, default=None, help="give up after seconds")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.set_defaults(func=_run)
@@ -137,6 +270,16 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=1.0,
         help="the processor's heartbeat period; workers silent for 10 periods show as down",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object per refresh")
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until interrupted",
     )
     status.set_defaults(func=_status)
     args = parser.parse_args(argv)

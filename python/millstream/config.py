@@ -6,8 +6,39 @@ handed to every mapper and reducer as ``self.config``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+
+@dataclass(frozen=True)
+class RestartStrategy:
+    """How the local runner restarts a worker process that died (Flink's failure-rate
+    restart strategy, with exponential backoff).
+
+    A dead worker is started again after ``backoff_seconds``, doubled for each earlier
+    death within the window, at most ``backoff_max_seconds``. A worker that dies more than
+    ``max_restarts`` times within ``window_seconds`` is in a crash loop that restarting will
+    not end: the run stops with a :class:`~millstream.exceptions.CrashLoopError` naming the
+    worker and its last error. With the defaults a worker that fails at every start stops
+    the run in about ten seconds. Failures that no restart can cure stop the run at once,
+    whatever this says: the user's module failing to import in the worker, a configuration
+    error, a ``map`` or ``reduce`` that raises (``on_user_error="stop"``), a corrupt input.
+
+    Attributes:
+        max_restarts: Deaths of one worker within the window that are still restarted.
+        window_seconds: How far back deaths count.
+        backoff_seconds: Wait before the first restart.
+        backoff_max_seconds: Longest wait before a restart.
+    """
+
+    max_restarts: int = 10
+    window_seconds: float = 60.0
+    backoff_seconds: float = 0.05
+    backoff_max_seconds: float = 2.0
+
+    def backoff(self, deaths: int) -> float:
+        """Seconds to wait before restarting a worker that died ``deaths`` times lately."""
+        return float(min(self.backoff_max_seconds, self.backoff_seconds * 2 ** max(0, deaths - 1)))
 
 
 @dataclass(frozen=True)
@@ -45,6 +76,8 @@ class Tuning:
         on_user_error: ``"stop"``: a ``map`` or ``reduce`` that raises stops the worker
             (and a local run) with the row range in the error; ``"retry"``: the worker logs
             it, backs off and retries the same rows.
+        restart: How the local runner restarts dead workers and when it gives up; see
+            :class:`RestartStrategy` (the Spark runner relies on Spark's task retries).
     """
 
     batch_rows: int = 65_536
@@ -64,6 +97,7 @@ class Tuning:
     advertise_host: str = "127.0.0.1"
     acknowledge_commits: bool = True
     on_user_error: Literal["stop", "retry"] = "stop"
+    restart: RestartStrategy = field(default_factory=RestartStrategy)
 
 
-__all__ = ["Tuning"]
+__all__ = ["RestartStrategy", "Tuning"]

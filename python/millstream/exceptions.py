@@ -84,6 +84,10 @@ class UserCodeError(MillstreamError):
     """The user's ``map`` or ``reduce`` raised; the message names the worker and row range."""
 
 
+class CrashLoopError(MillstreamError):
+    """A worker died more often than the restart strategy allows; names its last error."""
+
+
 class InputError(MillstreamError):
     """An input partition is unreadable: a corrupt file, a schema change, a missing row."""
 
@@ -104,6 +108,7 @@ __all__ = [
     "CommitUnknownResultError",
     "CommittedIndexError",
     "ConfigurationError",
+    "CrashLoopError",
     "DuplicateSequenceError",
     "InputError",
     "KeyTooLargeError",

@@ -99,6 +99,12 @@ class Processor:
             raise ConfigurationError(
                 f"tuning.on_user_error must be 'stop' or 'retry', got {t.on_user_error!r}"
             )
+        r = t.restart
+        if r.max_restarts < 0 or r.window_seconds <= 0 or r.backoff_seconds < 0:
+            raise ConfigurationError(
+                "tuning.restart needs max_restarts >= 0, window_seconds > 0 and "
+                f"backoff_seconds >= 0; got {r!r}"
+            )
         if t.get_rows_max_bytes >= t.grpc_max_message_bytes:
             raise ConfigurationError(
                 f"tuning.get_rows_max_bytes ({t.get_rows_max_bytes}) must be below "
@@ -107,11 +113,13 @@ class Processor:
 
     @property
     def info(self) -> ProcessorInfo:
-        """What the store records to refuse a restart with other counts or classes."""
-        fingerprint = (
-            f"{self.mapper.__module__}.{self.mapper.__qualname__}->"
-            f"{self.reducer.__module__}.{self.reducer.__qualname__}"
-        )
+        """What the store records to refuse a restart with other counts or classes.
+
+        The fingerprint names the classes without their module: the same job is
+        ``__main__`` when run as ``python job.py``, ``job`` under ``millstream run
+        job.py:processor`` and ``pkg.job`` when imported from a package.
+        """
+        fingerprint = f"{self.mapper.__qualname__}->{self.reducer.__qualname__}"
         return ProcessorInfo(self.num_mappers, self.num_reducers, fingerprint)
 
     @property
@@ -132,7 +140,9 @@ class Processor:
     def run_local(self, *, progress: bool = False, timeout: float | None = None) -> RunSummary:
         """Run every worker as a process on this machine until bounded inputs drain.
 
-        Crashed workers are restarted. Returns the run's summary.
+        Crashed workers are restarted as ``tuning.restart`` says. Returns the run's summary.
+        Ctrl-C or SIGTERM stops every worker, prints the summary to stderr and raises
+        :class:`~millstream.runner.local.RunStopped`; a rerun resumes from the last commits.
         """
         from millstream.runner.local import LocalRunner
 

@@ -8,6 +8,7 @@ import signal
 import threading
 from pathlib import Path
 
+import millstream as ms
 import pytest
 from jobs import (
     expected_sums,
@@ -17,6 +18,7 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
+from millstream.runner.forkserver import fork_server_pid
 from millstream.runner.local import LocalRunner
 
 from examples import word_count
@@ -39,30 +41,62 @@ def test_keyed_sum_is_exact(tmp_path: Path) -> None:
     assert summary.restarts == 0
 
 
+def _started_by(runner: LocalRunner) -> dict[str, int]:
+    """Every live process the runner started: its workers and its fork server."""
+    pids = {
+        f"{role}-{index}-{instance}": pid for (role, index, instance), pid in runner.pids().items()
+    }
+    server = fork_server_pid()
+    if server is not None and _running(server):
+        pids["fork-server"] = server
+    return pids
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed fork server stays one until the runner reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 @pytest.mark.slow
-def test_kill_9_random_workers_many_times(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", [20240611, 1, 2, 3, 4, 5])
+def test_kill_9_random_processes_many_times(tmp_path: Path, seed: int) -> None:
     data = write_keyed_input(tmp_path / "in", 200_000, partitions=2, file_rows=20_000)
     # A small window and slower commits make the run last seconds, so that the killer finds
-    # workers at every stage (workers start in milliseconds from the fork server).
-    tune = tuning(batch_rows=2_000, memory_limit_bytes=40_000, commit_interval_seconds=0.1)
+    # workers at every stage (workers start in milliseconds from the fork server). Killing
+    # the fork server kills every worker with it; such deaths are no crash loop, so the
+    # restart strategy allows them all.
+    tune = tuning(
+        batch_rows=2_000,
+        memory_limit_bytes=40_000,
+        commit_interval_seconds=0.1,
+        restart=ms.RestartStrategy(max_restarts=1_000),
+    )
     processor = keyed_processor(data, tmp_path / "state.db", num_reducers=2, tune=tune)
     runner = LocalRunner(processor)
-    rng = random.Random(20240611)
-    kills: list[tuple[str, int, int]] = []
+    rng = random.Random(seed)
+    kills: list[str] = []
     done = threading.Event()
 
     def killer() -> None:
         while not done.is_set() and len(kills) < 25:
             done.wait(rng.uniform(0.05, 0.5))
-            pids = runner.pids()
-            if not pids:
+            pids = _started_by(runner)
+            # The fork server one time in five, while workers run: killing it kills every
+            # worker with it.
+            workers = sorted(who for who in pids if who != "fork-server")
+            if not workers:
                 continue
-            wid = rng.choice(sorted(pids))
+            who = "fork-server" if "fork-server" in pids and rng.random() < 0.2 else None
+            who = who or rng.choice(workers)
             try:
-                os.kill(pids[wid], signal.SIGKILL)
+                os.kill(pids[who], signal.SIGKILL)
             except ProcessLookupError:
                 continue
-            kills.append(wid)
+            kills.append(who)
 
     runner.start()
     thread = threading.Thread(target=killer, daemon=True)
@@ -72,10 +106,11 @@ def test_kill_9_random_workers_many_times(tmp_path: Path) -> None:
     finally:
         done.set()
         thread.join()
-    assert kills, "the killer never found a live worker"
+    assert kills, "the killer never found a live process"
     assert summary.restarts > 0
     assert read_output(processor, "sum") == expected_sums(data)
     assert summary.rows_read == 200_000
+    print(f"seed {seed}: killed {kills}")
 
 
 @pytest.mark.parametrize(

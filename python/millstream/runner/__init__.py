@@ -10,13 +10,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from millstream.runner.local import LocalRunner, RunSummary
+    from millstream.runner.local import LocalRunner, RunStopped, RunSummary
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("LocalRunner", "RunSummary"):
+    if name in ("LocalRunner", "RunStopped", "RunSummary"):
         return getattr(importlib.import_module("millstream.runner.local"), name)
     raise AttributeError(f"module 'millstream.runner' has no attribute {name!r}")
 
 
-__all__ = ["LocalRunner", "RunSummary"]
+__all__ = ["LocalRunner", "RunStopped", "RunSummary"]

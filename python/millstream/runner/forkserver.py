@@ -7,8 +7,15 @@ a cold start) then overlap the runner's instead of following them.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing as mp
 import os
+import signal
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing import forkserver
 from typing import TYPE_CHECKING
 
@@ -53,6 +60,75 @@ def start_fork_server(processor: Processor | None = None) -> None:
     modules: set[str] = set()
     if processor is not None:
         modules = {processor.mapper.__module__, processor.reducer.__module__}
-        modules.discard("__main__")
-    mp.set_forkserver_preload([*PRELOAD, *sorted(modules)])
-    forkserver.ensure_running()
+        modules = {name for name in modules if not is_script(name)}
+    os.environ[_PRELOAD_ENV] = ",".join(sorted(modules))
+    try:
+        mp.set_forkserver_preload([*PRELOAD, "millstream.runner.user_modules"])
+        forkserver.ensure_running()
+    finally:
+        del os.environ[_PRELOAD_ENV]
+
+
+_PRELOAD_ENV = "MILLSTREAM_PRELOAD_MODULES"
+"""Where the fork server finds the user's modules (read by ``millstream.runner.user_modules``)."""
+
+
+_SCRIPTS: set[str] = set()
+
+
+def register_script(name: str) -> None:
+    """Mark module ``name`` as a script: workers get its classes by value, never import it.
+
+    A script's top level may run the job itself (no ``if __name__ == "__main__":`` guard);
+    importing it in a worker would start the job again from inside the worker.
+    """
+    _SCRIPTS.add(name)
+
+
+def is_script(name: str) -> bool:
+    """Whether classes of module ``name`` travel by value (a script, or ``__main__``)."""
+    return name in ("__main__", "__mp_main__") or name in _SCRIPTS
+
+
+def fork_server_pid() -> int | None:
+    """The process id of the fork server this process started, if it is running."""
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
+@contextmanager
+def main_module_hidden() -> Iterator[None]:
+    """Start processes without multiprocessing re-running the main script in them.
+
+    multiprocessing re-imports the parent's ``__main__`` file in every child (as
+    ``__mp_main__``) so that classes defined there unpickle; a script without a main guard
+    then starts its whole job again inside each worker. millstream sends such classes by
+    value instead, so the child needs no main module: while this is active, the parent's
+    ``__main__`` is replaced by an empty module that names no file to re-run.
+    """
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent (the fork server) dies (Linux).
+
+    A worker whose fork server was killed would otherwise live on unseen: the runner can
+    no longer wait for it, takes it for dead and starts another instance.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -10,7 +10,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from millstream.exceptions import (
     ConfigurationError,
+    CrashLoopError,
     InputError,
     MillstreamError,
     StoreCorruptError,
@@ -27,6 +30,9 @@ from millstream.exceptions import (
 )
 from millstream.runner.forkserver import (
     WorkerContext,
+    die_with_parent,
+    is_script,
+    main_module_hidden,
     start_fork_server,
     worker_context,
 )
@@ -65,6 +71,8 @@ class RunSummary:
         bytes_shuffled: Arrow IPC bytes reducers fetched and committed (all runs).
         rows_read_before: ``rows_read`` when this run started (earlier runs' rows).
         bytes_shuffled_before: ``bytes_shuffled`` when this run started.
+        drained: False for a run that was stopped (Ctrl-C, SIGTERM) before its input
+            drained; a rerun resumes from its last commits.
     """
 
     rows_read: int
@@ -77,6 +85,7 @@ class RunSummary:
     bytes_shuffled: int = 0
     rows_read_before: int = 0
     bytes_shuffled_before: int = 0
+    drained: bool = True
 
     def __str__(self) -> str:
         seconds = max(self.seconds, 1e-9)
@@ -84,7 +93,8 @@ class RunSummary:
         shuffled = self.bytes_shuffled - self.bytes_shuffled_before
         this_run = f" ({rows:,} in this run)" if self.rows_read_before else ""
         return (
-            f"drained: {self.rows_read:,} rows read{this_run} in {self.batches:,} batches, "
+            f"{'drained' if self.drained else 'stopped'}: "
+            f"{self.rows_read:,} rows read{this_run} in {self.batches:,} batches, "
             f"{self.rows_shuffled:,} shuffled ({self.bytes_shuffled / 1e6:,.1f} MB), "
             f"{self.rows_reduced:,} reduced in {self.commits:,} commits, "
             f"{self.restarts} restarts, {self.seconds:.2f} s "
@@ -115,13 +125,25 @@ def _child_main(
 ) -> None:
     # Forked from the fork server: take this run's import path and environment before
     # unpickling the user's classes (the server's may be older).
+    die_with_parent()
     sys.path[:] = path
     os.environ.clear()
     os.environ.update(environ)
-    processor: Processor = pickle.loads(payload)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        processor: Processor = pickle.loads(payload)
+    except Exception as exc:
+        # The user's module does not import here (or its classes moved): no restart helps.
+        message = (
+            f"could not load the processor's classes in the worker process: "
+            f"{_describe(exc)}. Make the mapper's and reducer's module importable in a fresh "
+            "process (no side effects that fail outside the launching program)"
+        )
+        errors.send(("ConfigurationError", message[:_MAX_MESSAGE]))
+        errors.close()
+        sys.exit(EXIT_CONFIG_ERROR)
     try:
         profile_dir = os.environ.get("MILLSTREAM_PROFILE_DIR")
         if profile_dir:
@@ -136,6 +158,36 @@ def _child_main(
         errors.send((type(exc).__name__, str(exc)[:_MAX_MESSAGE]))
         errors.close()
         sys.exit(EXIT_USER_ERROR if isinstance(exc, UserCodeError) else EXIT_CONFIG_ERROR)
+    except Exception as exc:
+        # A crash a restart may cure (or not: the restart strategy decides); tell the
+        # runner what it was, so that a crash loop ends naming it.
+        errors.send((type(exc).__name__, _describe(exc)[:_MAX_MESSAGE]))
+        errors.close()
+        raise
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` and where it was raised (the innermost frames)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    where = "; ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
+    return f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+
+
+def dump_processor(processor: Processor) -> bytes:
+    """Pickle ``processor`` for worker processes.
+
+    Classes of scripts (``__main__``, files run by ``millstream run job.py:...``) travel
+    by value: a worker never imports the script, whose top level may start the job itself.
+    Classes of importable modules travel by reference, as plain pickle does.
+    """
+    import cloudpickle
+
+    for cls in (processor.mapper, processor.reducer, type(processor.input)):
+        module = sys.modules.get(cls.__module__)
+        if module is not None and is_script(cls.__module__) and cls.__module__ != "__main__":
+            cloudpickle.register_pickle_by_value(module)
+    data: bytes = cloudpickle.dumps(processor, protocol=pickle.HIGHEST_PROTOCOL)
+    return data
 
 
 def _profiled(directory: str, name: str) -> Callable[..., None]:
@@ -196,6 +248,8 @@ def summarize(
     restarts: int,
     seconds: float,
     before: RunSummary | None = None,
+    *,
+    drained: bool = True,
 ) -> RunSummary:
     """Totals of a processor from its store; ``before``: the totals when the run started."""
     txn = store.create_transaction()
@@ -224,32 +278,94 @@ def summarize(
         shuffled,
         before.rows_read if before is not None else 0,
         before.bytes_shuffled if before is not None else 0,
+        drained,
     )
+
+
+class RunStopped(KeyboardInterrupt):
+    """A local run was stopped by SIGINT (Ctrl-C) or SIGTERM; every worker has exited.
+
+    Attributes:
+        signum: The signal that stopped it.
+        summary: What the run did until then (``drained`` is False).
+    """
+
+    def __init__(self, signum: int, summary: RunSummary | None = None) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.summary = summary
 
 
 @dataclass
 class _Slot:
-    process: BaseProcess
-    errors: Connection
-    started: float
-    failures: int = 0
+    process: BaseProcess | None
+    """None while the worker could not be started (its fork server died, say)."""
+    errors: Connection | None
+    deaths: list[float] = field(default_factory=list)
+    """When the worker died, within the restart strategy's window (monotonic seconds)."""
+    died_at: float | None = None
+    """When the runner saw it dead; None while it runs."""
+    last_error: str = ""
     done: bool = False
     held: bool = False
 
+    @property
+    def exitcode(self) -> int | None:
+        """The exit code; -1 for a worker that could not be started."""
+        return -1 if self.process is None else self.process.exitcode
+
     def error(self) -> tuple[str, str] | None:
-        """The fatal error the dead worker reported, if it got to send one."""
+        """The error the dead worker reported, if it got to send one."""
         try:
-            if self.errors.poll():
+            if self.errors is not None and self.errors.poll():
                 kind, message = self.errors.recv()
                 return str(kind), str(message)
         except (EOFError, OSError, ValueError, TypeError):
             pass  # killed mid-send, or nothing sent: a plain crash
         return None
 
+    def close(self) -> None:
+        if self.errors is not None:
+            self.errors.close()
+
+
+@contextmanager
+def _signals_stop_the_run() -> Iterator[None]:
+    """SIGTERM raises :class:`RunStopped` (SIGINT already raises KeyboardInterrupt).
+
+    Only in the main thread (Python delivers signals there); elsewhere nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopped(signum: int, _frame: object) -> None:
+        raise RunStopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_text(code: int) -> str:
+    if code == -1:
+        return "could not be started"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
 
 @dataclass
 class LocalRunner:
     """Runs every worker of a processor as a process and restarts the ones that die.
+
+    Dead workers are restarted with backoff as ``processor.tuning.restart`` says; a worker
+    in a crash loop, or one that failed in a way no restart cures, stops the run.
 
     Args:
         processor: What to run.
@@ -271,7 +387,8 @@ class LocalRunner:
     _payload: bytes = b""
     _before: RunSummary | None = None
 
-    def _spawn(self, wid: WorkerId) -> tuple[BaseProcess, Connection]:
+    def _spawn(self, wid: WorkerId) -> _Slot:
+        """Start worker ``wid``; a slot with no process if it could not be started."""
         role, index, instance = wid
         reader, writer = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
@@ -280,14 +397,20 @@ class LocalRunner:
             name=f"millstream-{role}-{index}" + (f"-{instance}" if instance else ""),
             daemon=True,
         )
-        process.start()
+        try:
+            with main_module_hidden():
+                process.start()
+        except (OSError, EOFError, ValueError) as exc:
+            # The fork server died (or was killed) under us: a worker that failed to
+            # start, to be restarted with backoff like any dead worker. The next start
+            # launches a new fork server.
+            reader.close()
+            writer.close()
+            slot = _Slot(None, None, died_at=None)
+            slot.last_error = f"could not start the worker process: {_describe(exc)}"
+            return slot
         writer.close()
-        return process, reader
-
-    def _respawn(self, wid: WorkerId, slot: _Slot) -> None:
-        slot.errors.close()
-        slot.process, slot.errors = self._spawn(wid)
-        slot.started = time.monotonic()
+        return _Slot(process, reader)
 
     def start(self) -> None:
         """Check the store and start every worker."""
@@ -298,7 +421,7 @@ class LocalRunner:
             self._before = summarize(self.processor, store, 0, 0.0)
         finally:
             store.close()
-        self._payload = pickle.dumps(self.processor)
+        self._payload = dump_processor(self.processor)
         self._started_at = time.monotonic()
         workers = [("mapper", m) for m in range(self.processor.num_mappers)] + [
             ("reducer", r) for r in range(self.processor.num_reducers)
@@ -306,8 +429,7 @@ class LocalRunner:
         for role, index in workers:
             for instance in range(self.instances.get((role, index), 1)):
                 wid = (role, index, instance)
-                process, errors = self._spawn(wid)
-                self._slots[wid] = _Slot(process, errors, time.monotonic())
+                self._slots[wid] = self._spawn(wid)
 
     def pids(self) -> dict[WorkerId, int]:
         """The live workers' process ids."""
@@ -316,6 +438,7 @@ class LocalRunner:
             for wid, slot in self._slots.items()
             if not slot.done
             and not slot.held
+            and slot.process is not None
             and slot.process.pid is not None
             and slot.process.is_alive()
         }
@@ -331,16 +454,16 @@ class LocalRunner:
         :meth:`release`: the way to show that the others keep going without it."""
         for slot in self._slots_of(role, index):
             slot.held = True
-            if slot.process.exitcode is None:
+            if slot.process is not None and slot.process.exitcode is None:
                 slot.process.kill()
                 slot.process.join()
 
     def release(self, role: str, index: int) -> None:
-        """Let a held worker be started again by the next :meth:`poll`."""
+        """Let a held worker be started again by the next :meth:`poll`, at once."""
         for slot in self._slots_of(role, index):
             slot.held = False
-            slot.failures = 0
-            slot.started = 0.0
+            slot.deaths.clear()
+            slot.died_at = -float("inf")
 
     def poll(self) -> bool:
         """Restart dead workers; returns True once every worker has finished its work.
@@ -349,15 +472,17 @@ class LocalRunner:
             UserCodeError, ConfigurationError, InputError, StoreCorruptError,
             StoreLimitError: A worker stopped on an error a restart cannot cure (its
                 message); every worker is stopped first.
+            CrashLoopError: A worker died more often than ``tuning.restart`` allows.
             MillstreamError: The runner was stopped.
         """
         if self._stopped.is_set():
             raise MillstreamError("the runner was stopped; start a new one to continue")
+        strategy = self.processor.tuning.restart
         all_done = True
-        for wid, slot in self._slots.items():
+        for wid, slot in list(self._slots.items()):
             if slot.done:
                 continue
-            code = slot.process.exitcode
+            code = slot.exitcode
             if code is None:
                 all_done = False
                 continue
@@ -374,55 +499,102 @@ class LocalRunner:
                     raise MillstreamError(f"{wid[0]} {wid[1]} stopped with exit code {code}")
                 kind, text = reported
                 raise _error_class(kind)(f"{wid[0]} {wid[1]} stopped: {text}")
-            delay = min(5.0, 0.05 * 2 ** min(slot.failures, 7))
-            if time.monotonic() - slot.started < delay:
+            now = time.monotonic()
+            if slot.died_at is None:
+                self._record_death(wid, slot, code, now)
+            assert slot.died_at is not None
+            if now - slot.died_at < strategy.backoff(len(slot.deaths)):
                 continue
-            slot.failures += 1
-            if slot.started > 0.0:
-                self.restarts += 1
-            if self.progress:
+            counted = slot.died_at > -float("inf")
+            if self.progress and counted:
                 print(
-                    f"millstream: {wid[0]} {wid[1]} died (exit {code}); restarting", file=self.out
+                    f"millstream: {wid[0]} {wid[1]} {_exit_text(code)}; restarting", file=self.out
                 )
-            self._respawn(wid, slot)
+            slot.close()
+            fresh = self._spawn(wid)
+            fresh.deaths = slot.deaths
+            fresh.last_error = fresh.last_error or slot.last_error
+            self._slots[wid] = fresh
+            if counted:
+                self.restarts += 1
         return all_done
+
+    def _record_death(self, wid: WorkerId, slot: _Slot, code: int, now: float) -> None:
+        """Count a death against the restart strategy; stop the run on a crash loop."""
+        strategy = self.processor.tuning.restart
+        reported = slot.error()
+        if reported is not None:
+            slot.last_error = f"{reported[1]}"
+        elif code != -1:
+            slot.last_error = ""
+        slot.died_at = now
+        slot.deaths = [t for t in slot.deaths if now - t < strategy.window_seconds]
+        slot.deaths.append(now)
+        if len(slot.deaths) <= strategy.max_restarts:
+            return
+        self.stop()
+        last = f"; its last error: {slot.last_error}" if slot.last_error else ""
+        raise CrashLoopError(
+            f"{wid[0]} {wid[1]} {_exit_text(code)}: it died {len(slot.deaths)} times within "
+            f"{strategy.window_seconds:g} s, more than the {strategy.max_restarts} restarts "
+            f"the restart strategy allows{last}. Fix the cause and run again (a restart "
+            "resumes from the last commit), or allow more restarts with "
+            "Tuning(restart=RestartStrategy(max_restarts=..., window_seconds=...))"
+        )
 
     def wait(self, timeout: float | None = None) -> RunSummary:
         """Supervise until drained; returns the summary.
 
+        SIGINT and SIGTERM (in the main thread) stop every worker, print the summary to
+        ``out`` and raise :class:`RunStopped`.
+
         Raises:
             TimeoutError: Not drained within ``timeout`` seconds (workers are stopped).
             UserCodeError: A worker's ``map`` or ``reduce`` raised (workers are stopped).
+            RunStopped: SIGINT or SIGTERM arrived (workers are stopped).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         last_report = time.monotonic()
         try:
-            while not self.poll():
-                now = time.monotonic()
-                if deadline is not None and now > deadline:
-                    raise TimeoutError(f"processor did not drain within {timeout} s")
-                if self.progress and now - last_report >= 1.0:
-                    last_report = now
-                    self._report()
-                time.sleep(0.05)
+            with _signals_stop_the_run():
+                while not self.poll():
+                    now = time.monotonic()
+                    if deadline is not None and now > deadline:
+                        raise TimeoutError(f"processor did not drain within {timeout} s")
+                    if self.progress and now - last_report >= 1.0:
+                        last_report = now
+                        self._report()
+                    time.sleep(0.05)
+        except KeyboardInterrupt as exc:
+            self.stop()
+            summary = self._summary(drained=False)
+            print(f"millstream: {summary}", file=self.out)
+            signum = exc.signum if isinstance(exc, RunStopped) else signal.SIGINT
+            raise RunStopped(signum, summary) from None
         except BaseException:
             self.stop()
             raise
-        seconds = time.monotonic() - self._started_at
-        store = self.processor.open_store()
-        try:
-            summary = summarize(self.processor, store, self.restarts, seconds, self._before)
-        finally:
-            store.close()
+        summary = self._summary(drained=True)
         self._close_pipes()
         if self.progress:
             print(f"millstream: {summary}", file=self.out)
         return summary
 
+    def _summary(self, *, drained: bool) -> RunSummary:
+        seconds = time.monotonic() - self._started_at
+        store = self.processor.open_store()
+        try:
+            return summarize(
+                self.processor, store, self.restarts, seconds, self._before, drained=drained
+            )
+        finally:
+            store.close()
+
     def run(self, timeout: float | None = None) -> RunSummary:
         """Start, supervise until drained, and return the summary."""
-        self.start()
-        return self.wait(timeout)
+        with _signals_stop_the_run():
+            self.start()
+            return self.wait(timeout)
 
     def _report(self) -> None:
         store = self.processor.open_store()
@@ -458,7 +630,11 @@ class LocalRunner:
     def stop(self, grace: float = 5.0) -> None:
         """Stop every worker: SIGTERM, then SIGKILL after ``grace`` seconds."""
         self._stopped.set()
-        live = [s.process for s in self._slots.values() if s.process.exitcode is None]
+        live = [
+            s.process
+            for s in self._slots.values()
+            if s.process is not None and s.process.exitcode is None
+        ]
         for process in live:
             process.terminate()
         deadline = time.monotonic() + grace
@@ -471,4 +647,4 @@ class LocalRunner:
 
     def _close_pipes(self) -> None:
         for slot in self._slots.values():
-            slot.errors.close()
+            slot.close()

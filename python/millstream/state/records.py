@@ -334,6 +334,17 @@ def read_processor_info(txn: Transaction) -> ProcessorInfo | None:
         raise _bad_record("processor metadata", raw, exc) from exc
 
 
+def _same_classes(stored: ProcessorInfo, info: ProcessorInfo) -> bool:
+    """Whether a fingerprint of earlier releases (classes with their module, such as
+    ``jobs.Sum->jobs.Store``) names the classes of ``info`` (``Sum->Store``)."""
+    if (stored.num_mappers, stored.num_reducers) != (info.num_mappers, info.num_reducers):
+        return False
+    old, new = stored.fingerprint.split("->"), info.fingerprint.split("->")
+    return len(old) == len(new) == 2 and all(
+        o == n or o.endswith(f".{n}") for o, n in zip(old, new, strict=True)
+    )
+
+
 def check_processor_info(txn: Transaction, info: ProcessorInfo) -> None:
     """Record ``info`` for a new processor, or refuse a restart that does not match it.
 
@@ -344,7 +355,7 @@ def check_processor_info(txn: Transaction, info: ProcessorInfo) -> None:
     if stored is None:
         write_processor_info(txn, info)
         return
-    if stored != info:
+    if stored != info and not _same_classes(stored, info):
         raise ConfigurationError(
             f"this store prefix holds a processor with {stored.num_mappers} mappers, "
             f"{stored.num_reducers} reducers and fingerprint {stored.fingerprint!r}, but it "

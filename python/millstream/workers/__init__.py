@@ -26,6 +26,7 @@ from millstream.state.records import (
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock, ManualClock, SystemClock
 from millstream.workers.mapper import MapperWorker, drained_key, mapped_key
 from millstream.workers.reducer import ReducerWorker, reduced_key
+from millstream.workers.status import MapperStatus, ReducerStatus
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -161,8 +162,9 @@ def _serve_mapper(
         )
         try:
             address = f"{t.advertise_host}:{server.port}"
+            status = MapperStatus(worker.metrics, processor.input, index)
             beat = Heartbeat(
-                store, "mapper", index, worker.guid, address, t.heartbeat_seconds, worker.metrics
+                store, "mapper", index, worker.guid, address, t.heartbeat_seconds, status
             )
             beat.start()
             try:
@@ -187,7 +189,13 @@ def _serve_reducer(
     try:
         worker = ReducerWorker(processor, index, store, client, guid=guid)
         beat = Heartbeat(
-            store, "reducer", index, worker.guid, "", t.heartbeat_seconds, worker.metrics
+            store,
+            "reducer",
+            index,
+            worker.guid,
+            "",
+            t.heartbeat_seconds,
+            ReducerStatus(worker.metrics),
         )
         beat.start()
         try:

@@ -151,6 +151,84 @@ pub fn partition(
         .into())
 }
 
+/// The canonical row order of a partitioned batch: rows sorted by their key hash, rows with
+/// equal hashes in their original order.
+///
+/// The reducer is monotonic in the hash, so this order also groups the rows by reducer. It
+/// depends only on the set of rows when keys are unique within the batch (a pre-aggregated
+/// batch), not on the order a `map` produced them in: a `map` whose output order is
+/// unspecified (a multi-threaded group-by) still gives every row the same shuffle index
+/// after a restart.
+pub fn hash_order(hashes: &[u64]) -> Result<Vec<u32>> {
+    Ok(sorted_by_hash(hashes)?
+        .into_iter()
+        .map(|(_, row)| row)
+        .collect())
+}
+
+/// `(hash, row)` pairs in [`hash_order`]: one counting-sort pass on the top bits (about
+/// two rows per bucket), then a stable insertion sort, which only moves rows within a
+/// bucket. Linear in the rows for hashes as uniform as XXH3's.
+fn sorted_by_hash(hashes: &[u64]) -> Result<Vec<(u64, u32)>> {
+    let n = hashes.len();
+    if u32::try_from(n).is_err() {
+        return Err(Error::InvalidArgument(format!(
+            "a batch of {n} rows is too large to partition; map at most {} rows at once",
+            u32::MAX
+        )));
+    }
+    let bits = (usize::BITS - n.leading_zeros()).clamp(8, 24);
+    let shift = 64 - bits;
+    let mut starts = vec![0u32; 1 << bits];
+    for &h in hashes {
+        starts[(h >> shift) as usize] += 1;
+    }
+    let mut total = 0u32;
+    for start in starts.iter_mut() {
+        let count = *start;
+        *start = total;
+        total += count;
+    }
+    let mut pairs = vec![(0u64, 0u32); n];
+    for (row, &h) in hashes.iter().enumerate() {
+        let bucket = (h >> shift) as usize;
+        pairs[starts[bucket] as usize] = (h, row as u32);
+        starts[bucket] += 1;
+    }
+    for i in 1..n {
+        let mut j = i;
+        while j > 0 && pairs[j - 1].0 > pairs[j].0 {
+            pairs.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+    Ok(pairs)
+}
+
+/// Reducer index of every row in [`hash_order`], and that order: the rows of `batch`
+/// taken in `order` are the canonical partitioned batch.
+pub fn partition_in_hash_order(
+    batch: &RecordBatch,
+    key_columns: &[&str],
+    num_reducers: u32,
+) -> Result<(Vec<u32>, Int32Array)> {
+    if num_reducers == 0 || num_reducers > i32::MAX as u32 {
+        return Err(Error::InvalidArgument(format!(
+            "num_reducers must be in [1, {}], got {num_reducers}",
+            i32::MAX
+        )));
+    }
+    let pairs = sorted_by_hash(&hash_key_columns(batch, key_columns)?)?;
+    let reducers: Vec<i32> = pairs
+        .iter()
+        .map(|&(h, _)| reducer_of(h, num_reducers) as i32)
+        .collect();
+    Ok((
+        pairs.into_iter().map(|(_, row)| row).collect(),
+        reducers.into(),
+    ))
+}
+
 /// Writes the per-row value hashes of one key column into `out` (cleared first).
 pub fn hash_array(array: &dyn Array, name: &str, out: &mut Vec<u64>) -> Result<()> {
     out.clear();
@@ -324,6 +402,44 @@ mod tests {
 
     fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
         RecordBatch::try_from_iter(columns).unwrap()
+    }
+
+    #[test]
+    fn hash_order_sorts_by_hash_and_keeps_ties_in_row_order() {
+        let hashes = [5u64, 1 << 40, 3, 5, u64::MAX, 0, 3 << 56, 5];
+        let order = hash_order(&hashes).unwrap();
+        assert_eq!(order, vec![5, 2, 0, 3, 7, 1, 6, 4]);
+        assert!(hash_order(&[]).unwrap().is_empty());
+        // Many rows per bucket of the top bits: the insertion sort orders them.
+        let crowded: Vec<u64> = (0..5000u64).map(|i| (i * 7919) % 5000).collect();
+        let order = hash_order(&crowded).unwrap();
+        let sorted: Vec<u64> = order.iter().map(|&i| crowded[i as usize]).collect();
+        assert!(sorted.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn partition_in_hash_order_ignores_the_input_order() {
+        let keys: Vec<i64> = (0..1000).map(|i| (i * 7919) % 1000).collect();
+        let reversed: Vec<i64> = keys.iter().rev().copied().collect();
+        let a = batch(vec![(
+            "k",
+            Arc::new(Int64Array::from(keys.clone())) as ArrayRef,
+        )]);
+        let b = batch(vec![(
+            "k",
+            Arc::new(Int64Array::from(reversed)) as ArrayRef,
+        )]);
+        let (order_a, reducers_a) = partition_in_hash_order(&a, &["k"], 4).unwrap();
+        let (order_b, reducers_b) = partition_in_hash_order(&b, &["k"], 4).unwrap();
+        let rows_a: Vec<i64> = order_a.iter().map(|&i| keys[i as usize]).collect();
+        let rows_b: Vec<i64> = order_b.iter().map(|&i| keys[999 - i as usize]).collect();
+        assert_eq!(rows_a, rows_b);
+        assert_eq!(reducers_a, reducers_b);
+        let r: Vec<i32> = reducers_a.values().to_vec();
+        assert!(
+            r.windows(2).all(|w| w[0] <= w[1]),
+            "rows are grouped by reducer"
+        );
     }
 
     #[test]

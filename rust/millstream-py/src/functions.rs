@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, UInt64Array};
+use arrow_array::{ArrayRef, UInt32Array, UInt64Array};
 use millstream_core::partition;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -26,6 +26,26 @@ pub fn hash_partition<'py>(
         partition::partition(&batch, &keys, num_reducers)
     })??;
     to_pyarrow(py, Arc::new(reducers))
+}
+
+/// The canonical order of the rows (uint32 row numbers, sorted by key hash) and the
+/// reducer index (int32) of every row in that order.
+#[pyfunction]
+pub fn hash_partition_ordered<'py>(
+    py: Python<'py>,
+    batch: PyRecordBatch,
+    key_columns: Vec<String>,
+    num_reducers: u32,
+) -> BindingResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let batch = batch.into_inner();
+    let (order, reducers) = detached(py, || {
+        let keys: Vec<&str> = key_columns.iter().map(String::as_str).collect();
+        partition::partition_in_hash_order(&batch, &keys, num_reducers)
+    })??;
+    Ok((
+        to_pyarrow(py, Arc::new(UInt32Array::from(order)))?,
+        to_pyarrow(py, Arc::new(reducers))?,
+    ))
 }
 
 /// The 64-bit row hash (uint64) of the named key columns, before reduction to reducers.

@@ -21,6 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<window::PyWindow>()?;
     m.add_function(wrap_pyfunction!(functions::hash_partition, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::hash_partition_ordered, m)?)?;
     m.add_function(wrap_pyfunction!(functions::hash_keys, m)?)?;
     m.add_function(wrap_pyfunction!(functions::decode_ipc, m)?)?;
     if cfg!(debug_assertions) {

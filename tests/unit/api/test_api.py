@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import millstream as ms
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from millstream.exceptions import ConfigurationError, InputError
 from millstream.inputs.parquet_log import ParquetLogReader
 from millstream.state import decode_int64, open_store
@@ -34,8 +37,38 @@ def test_partitioned_by_hash_is_stable_and_in_range() -> None:
     values = a.reducer_indices.to_pylist()
     assert set(values) == set(range(7))
     # Equal keys go to equal reducers wherever they appear.
+    reducer_of = dict(zip(a.batch.column("key").to_pylist(), values, strict=True))
     again = ms.Partitioned.by_hash(batch.slice(500), key="key", num_reducers=7)
-    assert again.reducer_indices.to_pylist() == values[500:]
+    keys = again.batch.column("key").to_pylist()
+    assert again.reducer_indices.to_pylist() == [reducer_of[k] for k in keys]
+    assert sorted(keys) == list(range(500, 1_000))
+    # Without the canonical order, rows stay where map put them.
+    plain = ms.Partitioned.by_hash(batch, key="key", num_reducers=7, canonical_order=False)
+    assert plain.batch.equals(batch)
+    assert plain.reducer_indices.to_pylist() == [reducer_of[k] for k in range(1_000)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1), st.none()), unique=True),
+    seed=st.randoms(use_true_random=False),
+)
+def test_by_hash_maps_a_permuted_batch_to_the_same_rows(keys: list[int | None], seed: Any) -> None:
+    # A map whose output order is unspecified (a threaded group-by) must still give every
+    # row the same shuffle index after a restart: the partitioned batch is canonical.
+    shuffled = list(keys)
+    seed.shuffle(shuffled)
+    first = pa.table({"key": pa.array(keys, pa.int64()), "n": pa.array(range(len(keys)))})
+    order = {k: i for i, k in enumerate(keys)}
+    second = pa.table(
+        {"key": pa.array(shuffled, pa.int64()), "n": pa.array([order[k] for k in shuffled])}
+    )
+    a = ms.Partitioned.by_hash(first, key="key", num_reducers=3)
+    b = ms.Partitioned.by_hash(second, key="key", num_reducers=3)
+    assert a.batch.equals(b.batch)
+    assert a.reducer_indices.equals(b.reducer_indices)
+    indices = a.reducer_indices.to_pylist()
+    assert indices == sorted(indices)  # grouped by reducer
 
 
 def test_partitioned_to_reducer_and_with_indices() -> None:

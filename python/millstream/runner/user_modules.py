@@ -1,0 +1,19 @@
+"""Imported by the fork server: the user's modules, so that workers start without importing.
+
+The fork server imports the modules named in :data:`ENV` (comma-separated) once. One that
+fails to import is skipped here: the worker that needs it imports it again when it loads the
+processor, fails, and the run stops naming the error (a fork server that died on it would
+only show as workers that cannot start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+
+ENV = "MILLSTREAM_PRELOAD_MODULES"
+
+for _name in filter(None, os.environ.get(ENV, "").split(",")):
+    with contextlib.suppress(Exception, SystemExit):
+        importlib.import_module(_name)

@@ -1,0 +1,132 @@
+"""What ``millstream status`` shows: lag behind the end of the input, and recent rates.
+
+Workers publish these figures with their heartbeat. Lag is what users mean by it: the rows
+of a mapper's input partition that are not yet committed (a queue's end index, a log's
+total rows, minus the mapper's persisted input index), not the rows in flight. Rates are
+over the last :data:`RATE_SPAN_SECONDS`, not averages over the worker's lifetime.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from millstream.state.records import Metric
+
+if TYPE_CHECKING:
+    from millstream.processor import Input
+
+log = logging.getLogger("millstream.workers")
+
+RATE_SPAN_SECONDS = 10.0
+"""How far back the published rates look."""
+
+
+class RecentRates:
+    """Per-second rates of growing counters over the last ``span`` seconds."""
+
+    def __init__(
+        self, span: float = RATE_SPAN_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._span = span
+        self._clock = clock
+        self._samples: deque[tuple[float, dict[str, float]]] = deque()
+
+    def update(self, counters: Mapping[str, float]) -> dict[str, float]:
+        """Record the counters now; ``<name>_per_second`` for each over the recent span."""
+        now = self._clock()
+        self._samples.append((now, dict(counters)))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self._span:
+            self._samples.popleft()
+        then, old = self._samples[0]
+        elapsed = now - then
+        return {
+            f"{name}_per_second": (value - old.get(name, 0.0)) / elapsed if elapsed > 0 else 0.0
+            for name, value in counters.items()
+        }
+
+
+def _end_of(source: Any, partition: int) -> int | None:
+    end = getattr(source, "end_row_index", None)
+    if end is None:
+        return None
+    try:
+        return int(end(partition))
+    except Exception as exc:  # a status figure must never stop a worker
+        log.debug("end of input partition %d unknown: %s", partition, exc)
+        return None
+
+
+class MapperStatus:
+    """A mapper's status: its own figures, its lag and its recent rates.
+
+    Inputs that know where their partitions end (``end_row_index(partition)``, as
+    :class:`~millstream.inputs.ParquetLog` and :class:`~millstream.inputs.StoreQueue` do)
+    get ``partition_end_row_index`` and ``lag_rows``.
+    """
+
+    def __init__(
+        self, metrics: Callable[[], dict[str, Metric]], source: Input, partition: int
+    ) -> None:
+        self._metrics = metrics
+        # A copy of its own: the heartbeat thread must not share the ingestion thread's
+        # readers or store connections.
+        try:
+            self._source: Any = pickle.loads(pickle.dumps(source))
+        except Exception as exc:  # an input that does not copy shows no lag
+            log.debug("mapper %d: no lag figures, the input does not copy: %s", partition, exc)
+            self._source = None
+        self._partition = partition
+        self._rates = RecentRates()
+
+    def __call__(self) -> dict[str, Metric]:
+        figures: dict[str, Metric] = dict(self._metrics())
+        persisted = int(figures.get("persisted_input_unread_row_index", 0))
+        rates = self._rates.update(
+            {"rows_read": float(figures.get("rows_read", 0)), "rows_persisted": persisted}
+        )
+        figures.update(rates)
+        end = _end_of(self._source, self._partition)
+        if end is not None:
+            end = max(end, persisted)
+            figures["partition_end_row_index"] = end
+            figures["lag_rows"] = end - persisted
+        return figures
+
+
+class ReducerStatus:
+    """A reducer's status: its own figures, recent rates and when it last committed
+    (as seen by the heartbeat: within one heartbeat period)."""
+
+    def __init__(
+        self, metrics: Callable[[], dict[str, Metric]], wall: Callable[[], float] = time.time
+    ) -> None:
+        self._metrics = metrics
+        self._wall = wall
+        self._rates = RecentRates()
+        self._commits = 0
+        self._last_commit = 0.0
+
+    def __call__(self) -> dict[str, Metric]:
+        figures: dict[str, Metric] = dict(self._metrics())
+        commits = int(figures.get("commits", 0))
+        if commits != self._commits:
+            self._commits, self._last_commit = commits, self._wall()
+        figures.update(
+            self._rates.update(
+                {
+                    "rows_reduced": float(figures.get("rows_reduced", 0)),
+                    "commits": float(commits),
+                }
+            )
+        )
+        if self._last_commit:
+            figures["last_commit_time"] = self._last_commit
+        return figures
+
+
+__all__ = ["RATE_SPAN_SECONDS", "MapperStatus", "RecentRates", "ReducerStatus"]

@@ -1,0 +1,154 @@
+"""The README cannot drift: every Python and shell example in it runs, on small data.
+
+The examples are extracted in order and run in an empty temporary directory holding only a
+``data/`` directory of Parquet partitions: a Python block that defines a processor becomes
+``job.py`` (the next shell block runs it the ways the README says), a shell block runs line
+by line. The one change made to them: ``/tmp/`` paths move into the test's directory, so
+that runs never share a store. A block that cannot run here says why, in a comment right
+above it: ``<!-- readme-test: skip: <reason> -->``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from millstream.state import decode_int64, open_store
+from millstream.state.records import OUTPUT
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md"]
+ROWS = 6_000
+_BLOCK = re.compile(
+    r"(?:<!-- readme-test: (?P<directive>[^\n]*?) -->\n)?```(?P<lang>\w+)\n(?P<code>.*?)```",
+    re.S,
+)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One fenced block of a Markdown file."""
+
+    doc: str
+    line: int
+    lang: str
+    code: str
+    skip: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def examples(path: Path) -> list[Example]:
+    """The fenced blocks of ``path``, with their skip reasons."""
+    text = path.read_text()
+    found = []
+    for match in _BLOCK.finditer(text):
+        directive = match["directive"]
+        skip = None
+        if directive is not None:
+            kind, _, reason = directive.partition(":")
+            assert kind.strip() == "skip", f"unknown readme-test directive {directive!r}"
+            skip = reason.strip()
+        line = text.count("\n", 0, match.start("code"))
+        found.append(
+            Example(path.relative_to(ROOT).as_posix(), line, match["lang"], match["code"], skip)
+        )
+    return found
+
+
+def write_data(root: Path, rows: int = ROWS, partitions: int = 2) -> dict[int, int]:
+    """``data/<p>/part-0.parquet`` with int64 ``key`` and ``value``; returns the true sums."""
+    rng = np.random.default_rng(11)
+    sums: dict[int, int] = {}
+    for p in range(partitions):
+        keys = rng.integers(0, 300, rows // partitions, dtype=np.int64)
+        values = rng.integers(-50, 50, rows // partitions, dtype=np.int64)
+        (root / "data" / str(p)).mkdir(parents=True)
+        pq.write_table(
+            pa.table({"key": keys, "value": values}), root / "data" / str(p) / "part-0.parquet"
+        )
+        for k, v in zip(keys.tolist(), values.tolist(), strict=True):
+            sums[k] = sums.get(k, 0) + v
+    return sums
+
+
+def localized(code: str, tmp: Path) -> str:
+    """The block with its ``/tmp/`` paths moved under ``tmp``."""
+    return code.replace("/tmp/", f"{tmp}/")
+
+
+def sums_in(store_url: str, prefix: str = "millstream") -> dict[int, int]:
+    """The ``("sum", key)`` counters of the README's job."""
+    store = open_store(store_url, prefix=(prefix,))
+    try:
+        txn = store.create_transaction()
+        got = {k[-1]: decode_int64(v) for k, v in txn.get_range_startswith((*OUTPUT, "sum"))}
+        txn.reset()
+    finally:
+        store.close()
+    return got
+
+
+def run_shell_line(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """One command of a shell block, with ``python`` being this interpreter."""
+    argv = shlex.split(line, comments=True)
+    if argv and argv[0] == "python":
+        argv[0] = sys.executable
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+ALL = [example for doc in DOCS for example in examples(doc)]
+
+
+@pytest.mark.parametrize("example", [e for e in ALL if e.skip is not None], ids=lambda e: e.id)
+def test_skipped_examples_say_why(example: Example) -> None:
+    assert len(example.skip or "") > 20, f"{example.id}: say why this example cannot run here"
+    pytest.skip(f"{example.id}: {example.skip}")
+
+
+def test_readme_runs_in_order(tmp_path: Path) -> None:
+    expected = write_data(tmp_path)
+    ran = []
+    job_defined = False
+    for example in examples(ROOT / "README.md"):
+        if example.skip is not None:
+            continue
+        code = localized(example.code, tmp_path)
+        if example.lang == "python":
+            assert "ms.Processor(" in code, f"{example.id}: a Python block that is not a job"
+            (tmp_path / "job.py").write_text(code)
+            job_defined = True
+        elif example.lang in ("bash", "sh"):
+            assert job_defined, f"{example.id}: a shell block before any job"
+            for line in code.splitlines():
+                if not line.strip() or line.lstrip().startswith("#"):
+                    continue
+                result = run_shell_line(line, tmp_path)
+                assert result.returncode == 0, f"{example.id}: {line}\n{result.stderr}"
+                if "status" in line and "--json" in line:
+                    json.loads(result.stdout)
+                if " run " in f" {line} " or line.startswith("python job.py"):
+                    assert "drained:" in result.stdout, f"{example.id}: {line}\n{result.stderr}"
+        else:
+            pytest.fail(f"{example.id}: a {example.lang} block; mark it or make it runnable")
+        ran.append(example.id)
+    assert job_defined
+    store = re.search(r'store="(sqlite://[^"]+)"', (tmp_path / "job.py").read_text())
+    assert store is not None
+    assert sums_in(store[1]) == expected
+    assert len(ran) >= 2
