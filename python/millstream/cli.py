@@ -86,7 +86,9 @@ def _run(args: argparse.Namespace) -> int:
     from millstream.runner.local import RunStopped
 
     try:
-        summary = processor.run_local(progress=not args.quiet, timeout=args.timeout)
+        summary = processor.run_local(
+            progress=not args.quiet, timeout=args.timeout, metrics_port=args.metrics_port
+        )
     except RunStopped as stopped:
         if stopped.summary is not None:
             print(stopped.summary)
@@ -261,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--timeout", type=float, default=None, help="give up after seconds")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics of every worker at http://<host>:PORT/metrics",
+    )
     run.set_defaults(func=_run)
     status = sub.add_parser("status", help="show a processor's workers, lag and windows")
     status.add_argument("store", help="store URL, e.g. sqlite:///tmp/state.db")

@@ -137,13 +137,22 @@ class Processor:
         """Open this processor's store under its prefix."""
         return open_store(self.store, prefix=(self.name,))
 
-    def run_local(self, *, progress: bool = False, timeout: float | None = None) -> RunSummary:
+    def run_local(
+        self,
+        *,
+        progress: bool = False,
+        timeout: float | None = None,
+        metrics_port: int | None = None,
+    ) -> RunSummary:
         """Run every worker as a process on this machine until bounded inputs drain.
 
         Crashed workers are restarted as ``tuning.restart`` says. Returns the run's summary.
         Ctrl-C or SIGTERM stops every worker, prints the summary to stderr and raises
         :class:`~millstream.runner.local.RunStopped`; a rerun resumes from the last commits.
+        With ``metrics_port``, every worker's and the runner's Prometheus metrics are
+        served at ``http://<host>:<metrics_port>/metrics`` while the run lasts.
         """
         from millstream.runner.local import LocalRunner
 
-        return LocalRunner(self, progress=progress).run(timeout=timeout)
+        runner = LocalRunner(self, progress=progress, metrics_port=metrics_port)
+        return runner.run(timeout=timeout)

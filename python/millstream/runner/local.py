@@ -36,6 +36,7 @@ from millstream.runner.forkserver import (
     start_fork_server,
     worker_context,
 )
+from millstream.runner.metrics import MetricsServer
 from millstream.state import Store, Transaction, decode_int64
 from millstream.state.records import check_processor_info, read_mapper_state, read_statuses
 from millstream.workers import drained_key, mapped_key, reduced_key, run_worker
@@ -373,13 +374,19 @@ class LocalRunner:
         instances: Extra live instances per worker (e.g. ``{("mapper", 0): 2}``) to
             exercise split brain; normally one each.
         out: Where progress goes.
+        metrics_port: Serve Prometheus metrics of every worker and of the runner on this
+            port (0: a free one, see ``metrics.port``) while the run lasts; None: none.
     """
 
     processor: Processor
     progress: bool = False
     instances: Mapping[tuple[str, int], int] = field(default_factory=dict)
     out: TextIO = sys.stderr
+    metrics_port: int | None = None
     restarts: int = 0
+    restarts_by_worker: dict[tuple[str, int], int] = field(default_factory=dict)
+    metrics: MetricsServer | None = None
+    """The metrics endpoint once started (with ``metrics_port``)."""
     _slots: dict[WorkerId, _Slot] = field(default_factory=dict)
     _ctx: WorkerContext = field(default_factory=lambda: worker_context())
     _stopped: threading.Event = field(default_factory=threading.Event)
@@ -393,7 +400,7 @@ class LocalRunner:
         reader, writer = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=_child_main,
-            args=(list(sys.path), dict(os.environ), self._payload, role, index, writer),
+            args=(list(sys.path), self._environ(), self._payload, role, index, writer),
             name=f"millstream-{role}-{index}" + (f"-{instance}" if instance else ""),
             daemon=True,
         )
@@ -412,8 +419,14 @@ class LocalRunner:
         writer.close()
         return _Slot(process, reader)
 
+    def _environ(self) -> dict[str, str]:
+        environ = dict(os.environ)
+        if self.metrics is not None:
+            environ.update(self.metrics.environ)
+        return environ
+
     def start(self) -> None:
-        """Check the store and start every worker."""
+        """Check the store and start every worker (and the metrics endpoint, if asked)."""
         start_fork_server(self.processor)
         store = self.processor.open_store()
         try:
@@ -422,6 +435,13 @@ class LocalRunner:
         finally:
             store.close()
         self._payload = dump_processor(self.processor)
+        if self.metrics_port is not None and self.metrics is None:
+            self.metrics = MetricsServer(self.metrics_port, lambda: dict(self.restarts_by_worker))
+            if self.progress:
+                print(
+                    f"millstream: metrics on http://localhost:{self.metrics.port}/metrics",
+                    file=self.out,
+                )
         self._started_at = time.monotonic()
         workers = [("mapper", m) for m in range(self.processor.num_mappers)] + [
             ("reducer", r) for r in range(self.processor.num_reducers)
@@ -517,6 +537,8 @@ class LocalRunner:
             self._slots[wid] = fresh
             if counted:
                 self.restarts += 1
+                key = (wid[0], wid[1])
+                self.restarts_by_worker[key] = self.restarts_by_worker.get(key, 0) + 1
         return all_done
 
     def _record_death(self, wid: WorkerId, slot: _Slot, code: int, now: float) -> None:
@@ -576,6 +598,7 @@ class LocalRunner:
             raise
         summary = self._summary(drained=True)
         self._close_pipes()
+        self._close_metrics()
         if self.progress:
             print(f"millstream: {summary}", file=self.out)
         return summary
@@ -644,6 +667,12 @@ class LocalRunner:
                 process.kill()
                 process.join()
         self._close_pipes()
+        self._close_metrics()
+
+    def _close_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
 
     def _close_pipes(self) -> None:
         for slot in self._slots.values():

@@ -23,6 +23,7 @@ from millstream.state.records import (
     unregister_worker,
     write_worker_status,
 )
+from millstream.workers import metrics as prometheus
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock, ManualClock, SystemClock
 from millstream.workers.mapper import MapperWorker, drained_key, mapped_key
 from millstream.workers.reducer import ReducerWorker, reduced_key
@@ -162,7 +163,11 @@ def _serve_mapper(
         )
         try:
             address = f"{t.advertise_host}:{server.port}"
-            status = MapperStatus(worker.metrics, processor.input, index)
+            status: Callable[[], dict[str, Metric]] = MapperStatus(
+                worker.metrics, processor.input, index
+            )
+            if prometheus.enabled():
+                status = prometheus.WorkerMetrics("mapper", index).following(status)
             beat = Heartbeat(
                 store, "mapper", index, worker.guid, address, t.heartbeat_seconds, status
             )
@@ -188,6 +193,11 @@ def _serve_reducer(
     )
     try:
         worker = ReducerWorker(processor, index, store, client, guid=guid)
+        status: Callable[[], dict[str, Metric]] = ReducerStatus(worker.metrics)
+        if prometheus.enabled():
+            exported = prometheus.WorkerMetrics("reducer", index)
+            worker.on_committed = exported.observe_commit
+            status = exported.following(status)
         beat = Heartbeat(
             store,
             "reducer",
@@ -195,7 +205,7 @@ def _serve_reducer(
             worker.guid,
             "",
             t.heartbeat_seconds,
-            ReducerStatus(worker.metrics),
+            status,
         )
         beat.start()
         try:

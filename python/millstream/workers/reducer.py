@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -95,6 +97,9 @@ class ReducerWorker:
         self.last_write_size = 0
         self.capped = False
         self.renewals = 0
+        self.on_committed: Callable[[float, int, int, int], None] | None = None
+        """Told each commit's latency (seconds), bytes written, rows reduced and Arrow
+        bytes fetched: the metrics hook."""
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
         """Steps 2-3: the persisted state, live mappers, and mappers already drained."""
@@ -329,7 +334,9 @@ class ReducerWorker:
             txn.add(reduced_key(self.index, "bytes"), fetched)
             txn.add(reduced_key(self.index, "commits"), 1)
             size = txn.write_size
+            started = time.perf_counter()
             txn.commit()
+            latency = time.perf_counter() - started
         except StoreConflictError:
             txn.reset()
             self.split_brains += 1
@@ -342,6 +349,8 @@ class ReducerWorker:
         self.last_state = new
         self.last_write_size = size
         self.commits += 1
+        if self.on_committed is not None:
+            self.on_committed(latency, size, batch.num_rows, fetched)
         self.rows_reduced += batch.num_rows
         self.bytes_fetched += fetched
         return True
