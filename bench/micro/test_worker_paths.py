@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import millstream as ms
@@ -26,6 +27,7 @@ from millstream.rpc.inprocess import InProcessRowsClient
 from millstream.state import Store, pack
 from millstream.state.records import read_mapper_state, register_worker
 from millstream.workers import MapperWorker, ReducerWorker
+from millstream.workers.metrics import MULTIPROC_ENV, WorkerMetrics
 
 from bench.micro.conftest import input_batch
 
@@ -238,6 +240,20 @@ def reducer(store: Store, batch: pa.RecordBatch) -> ReducerSetup:
 
 def test_reducer_run_once(benchmark: Any, reducer: ReducerSetup) -> None:
     """One reducer round: state and discovery read, 2 GetRows, decode, reduce, commit, ack."""
+    benchmark.extra_info["rows_per_round"] = reducer.rows_per_round
+    benchmark.pedantic(reducer.worker.run_once, rounds=100, warmup_rounds=5)
+    assert reducer.worker.commits >= 100
+
+
+def test_reducer_run_once_with_metrics(
+    benchmark: Any, reducer: ReducerSetup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:func:`test_reducer_run_once` with Prometheus metrics on (observed at each commit)."""
+    from prometheus_client import values
+
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
+    reducer.worker.on_committed = WorkerMetrics("reducer", 0).observe_commit
     benchmark.extra_info["rows_per_round"] = reducer.rows_per_round
     benchmark.pedantic(reducer.worker.run_once, rounds=100, warmup_rounds=5)
     assert reducer.worker.commits >= 100
