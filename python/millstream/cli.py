@@ -1,4 +1,5 @@
-"""The ``millstream`` command: run a processor, or show a running one's status."""
+"""The ``millstream`` command: run a processor, show a running one's status, or serve the
+metrics its workers write."""
 
 from __future__ import annotations
 
@@ -94,6 +95,33 @@ def _run(args: argparse.Namespace) -> int:
             print(stopped.summary)
         return 128 + stopped.signum
     print(summary)
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from millstream.runner.metrics import MetricsServer
+
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise MillstreamError(
+            f"no such directory: {directory}. Give the PROMETHEUS_MULTIPROC_DIR the workers "
+            "write their metrics into"
+        )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server = MetricsServer(args.port, dict, directory=str(directory))
+    print(
+        f"millstream: serving the metrics in {directory} on http://localhost:{server.port}/metrics",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        stop.wait()
+    finally:
+        server.close()
     return 0
 
 
@@ -271,6 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         help="serve Prometheus metrics of every worker at http://<host>:PORT/metrics",
     )
     run.set_defaults(func=_run)
+    metrics = sub.add_parser(
+        "metrics",
+        help="serve the Prometheus metrics workers write into a directory (Spark executors)",
+    )
+    metrics.add_argument("directory", help="the workers' PROMETHEUS_MULTIPROC_DIR")
+    metrics.add_argument("--port", type=int, required=True, help="TCP port (0: a free one)")
+    metrics.set_defaults(func=_metrics)
     status = sub.add_parser("status", help="show a processor's workers, lag and windows")
     status.add_argument("store", help="store URL, e.g. sqlite:///tmp/state.db")
     status.add_argument("--prefix", default="millstream", help="the processor's name")

@@ -199,3 +199,61 @@ def test_a_port_already_in_use_stops_the_run_naming_it(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ConfigurationError, match=f"cannot serve metrics on 0.0.0.0:{port}"):
             LocalRunner(processor, metrics_port=port).run(timeout=60)
+
+
+WORKER = """
+import sys
+from pathlib import Path
+
+from jobs import PassThroughMapper, RowsReducer, keyed_processor
+from millstream.workers import run_worker
+
+data, state, role = sys.argv[1:4]
+processor = keyed_processor(
+    Path(data), Path(state), num_reducers=1, mapper=PassThroughMapper, reducer=RowsReducer
+)
+run_worker(processor, role, 0)
+"""
+
+
+def test_millstream_metrics_serves_what_workers_without_a_runner_write(tmp_path: Path) -> None:
+    """As on a Spark executor: workers started by something else than the local runner,
+    with ``PROMETHEUS_MULTIPROC_DIR`` set, and ``millstream metrics`` serving the directory."""
+    rows = 6_000
+    data = write_keyed_input(tmp_path / "in", rows, partitions=1)
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)]),
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "millstream", "metrics", str(directory), "--port", "0"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        assert "/metrics" in line, line
+        port = int(line.rsplit(":", 1)[1].split("/")[0])
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(data), str(tmp_path / "state.db"), role],
+                env={**env, "PROMETHEUS_MULTIPROC_DIR": str(directory)},
+            )
+            for role in ("mapper", "reducer")
+        ]
+        for worker in workers:
+            assert worker.wait(timeout=240) == 0
+        samples = scrape(port)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+    assert server.returncode == 0
+    assert total(samples, "millstream_rows_committed_total", role="reducer", index="0") == rows
+    assert total(samples, "millstream_rows_read_total", role="mapper", partition="0") == rows
+    assert total(samples, "millstream_lag_rows", role="mapper", partition="0") == 0
+    assert total(samples, "millstream_commit_seconds_count") > 0
+    assert _unreachable(port)
