@@ -40,6 +40,7 @@ from millstream.runner.metrics import MetricsServer
 from millstream.state import Store, Transaction, decode_int64
 from millstream.state.records import check_processor_info, read_mapper_state, read_statuses
 from millstream.workers import drained_key, mapped_key, reduced_key, run_worker
+from millstream.workers.metrics import MULTIPROC_ENV
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -436,7 +437,11 @@ class LocalRunner:
             store.close()
         self._payload = dump_processor(self.processor)
         if self.metrics_port is not None and self.metrics is None:
-            self.metrics = MetricsServer(self.metrics_port, lambda: dict(self.restarts_by_worker))
+            self.metrics = MetricsServer(
+                self.metrics_port,
+                lambda: dict(self.restarts_by_worker),
+                directory=os.environ.get(MULTIPROC_ENV) or None,
+            )
             if self.progress:
                 print(
                     f"millstream: metrics on http://localhost:{self.metrics.port}/metrics",
