@@ -41,6 +41,7 @@ fn window(num_reducers: u32) -> Window {
     Window::new(WindowOptions {
         num_reducers,
         memory_limit_bytes: u64::MAX,
+        max_payload_bytes: u64::MAX,
         initial_state: LocalMapperState::default(),
     })
     .unwrap()
