@@ -525,13 +525,17 @@ class WindowProbe:
     """A mapper's window, with a ledger of every entry's bytes and rows as pushed.
 
     The worker sees the real window through it. The ledger lets the checker compare the
-    window's memory accounting, after any trimming, with the entries it still holds.
+    window's memory accounting, after any trimming, with the entries it still holds; the
+    bounds, each entry's charge with what its rows take (an entry is charged what it
+    holds, not the buffers its batch was sliced from).
     """
 
     def __init__(self, window: Any) -> None:
         self.window = window
         # entry index -> (bytes, rows, input rows begin, end) when pushed
         self.ledger: dict[int, tuple[int, int, int, int]] = {}
+        # entry index -> most bytes the entry may be charged
+        self.bounds: dict[int, int] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.window, name)
@@ -551,8 +555,14 @@ class WindowProbe:
                 begin,
                 end,
             )
+            # Twice its rows' own bytes (copied when its buffers hold more) plus 64 KiB,
+            # and the index: 4 bytes per row and reducer boundary, the token, a header.
+            rows_bytes = batch.nbytes if batch.num_rows else 0
+            index = 4 * (batch.num_rows + w.num_reducers + 1) + len(token) + 1024
+            self.bounds[new] = 2 * rows_bytes + 64 * 1024 + index
         for i in gone:
             self.ledger.pop(i, None)
+            self.bounds.pop(i, None)
         return result
 
 
@@ -1273,6 +1283,8 @@ class Simulation:
                 f"{sum(e[1] for e in held)}"
             )
             assert all(e[0] > 0 for e in held), f"{who}: an entry of 0 bytes: {held}"
+            over = [(i, w.ledger[i][0], w.bounds[i]) for i in live if w.ledger[i][0] > w.bounds[i]]
+            assert not over, f"{who}: entries charged more than their rows hold: {over}"
             if self.oracle.preaggregate:
                 # Every batch in the window is cut where the first instance cut it.
                 cuts = self.oracle.cuts[m]

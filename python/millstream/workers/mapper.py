@@ -30,6 +30,7 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.inputs.base import PartitionReader, ReadResult
+from millstream.rpc.calls import max_payload_bytes
 from millstream.state import Store, Transaction, pack, unpack
 from millstream.state.records import SYSTEM, MapperState, read_mapper_state, write_mapper_state
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
@@ -115,6 +116,7 @@ class MapperWorker:
             self.persisted.input_unread_row_index,
             self.persisted.shuffle_unread_row_index,
             self.persisted.continuation_token,
+            max_payload_bytes=max_payload_bytes(self.tuning.grpc_max_message_bytes),
         )
         if old is not None:
             old.close()

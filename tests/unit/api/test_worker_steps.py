@@ -341,6 +341,18 @@ def test_a_batch_over_the_memory_limit_is_a_configuration_error(tmp_path: Path) 
     c.store.close()
 
 
+def test_a_row_no_get_rows_response_can_carry_stops_the_mapper(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, _tables(), grpc_max_message_bytes=250, get_rows_max_bytes=200)
+    mapper = c.mappers[0]
+    with pytest.raises(UserCodeError, match=r"takes \d+ bytes in a GetRows response") as caught:
+        mapper.ingest_once()
+    assert "more than the largest response of 186 bytes" in str(caught.value)
+    assert "tuning.grpc_max_message_bytes" in str(caught.value)
+    assert mapper.window is not None
+    assert mapper.window.input_end_row_index == 0
+    c.store.close()
+
+
 def test_user_classes_get_their_spec_and_config(tmp_path: Path) -> None:
     c = Cluster(tmp_path, _tables(), config={"answer": 42})
     mapper, reducer = c.mappers[1], c.reducers[0]
