@@ -18,6 +18,7 @@ from millstream.rpc.server import RowsServer
 from millstream.state import Store, Transaction
 from millstream.state.records import (
     Metric,
+    WorkerInfo,
     check_processor_info,
     register_worker,
     unregister_worker,
@@ -39,7 +40,10 @@ class Heartbeat:
     """Registers a worker in discovery and publishes its status, from its own thread.
 
     A thread (rather than the worker loop) keeps the worker visible while ``map`` or
-    ``reduce`` runs long or the mapper waits for memory.
+    ``reduce`` runs long or the mapper waits for memory. The first beat registers the
+    instance (a new registration number, which makes it the current instance of its
+    index, and removes the entries it supersedes); later beats advance its beat counter,
+    and re-create the entry under the same registration if an observer removed it.
     """
 
     def __init__(
@@ -51,8 +55,12 @@ class Heartbeat:
         address: str,
         period: float,
         metrics: Callable[[], dict[str, Metric]],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._store = store
+        self._clock = clock
+        self._registration: int | None = None
         self._role, self._index, self._guid, self._address = role, index, guid, address
         self._period = period
         self._metrics = metrics
@@ -62,14 +70,24 @@ class Heartbeat:
     def beat(self) -> None:
         """Register (or refresh) the discovery entry and write the status once."""
         metrics = self._metrics()
-        now = SYSTEM_CLOCK.wall()
+        now = self._clock.wall()
 
-        def write(txn: Transaction) -> None:
-            register_worker(txn, self._role, self._index, self._guid, self._address, now)
+        def write(txn: Transaction) -> WorkerInfo:
+            info = register_worker(
+                txn,
+                self._role,
+                self._index,
+                self._guid,
+                self._address,
+                now,
+                registration=self._registration,
+            )
             write_worker_status(txn, self._role, self._index, {**metrics, "time": now})
+            return info
 
         try:
-            self._store.transact(write, max_retries=3)
+            info = self._store.transact(write, max_retries=3)
+            self._registration = info.registration
         except (RetryableStoreError, StoreUnavailableError) as exc:
             log.warning("%s %d: heartbeat failed: %s", self._role, self._index, exc)
 
