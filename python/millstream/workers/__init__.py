@@ -55,11 +55,8 @@ class Heartbeat:
         address: str,
         period: float,
         metrics: Callable[[], dict[str, Metric]],
-        *,
-        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._store = store
-        self._clock = clock
         self._registration: int | None = None
         self._role, self._index, self._guid, self._address = role, index, guid, address
         self._period = period
@@ -70,7 +67,7 @@ class Heartbeat:
     def beat(self) -> None:
         """Register (or refresh) the discovery entry and write the status once."""
         metrics = self._metrics()
-        now = self._clock.wall()
+        now = SYSTEM_CLOCK.wall()
 
         def write(txn: Transaction) -> WorkerInfo:
             info = register_worker(

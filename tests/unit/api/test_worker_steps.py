@@ -479,17 +479,8 @@ def test_a_zombie_that_beats_again_does_not_take_over(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, _tables())
     try:
         old = cluster.mappers[0]
-        ahead = ManualClock(wall_offset=1.7e9 + 3600)  # the zombie's host clock
-        zombie = Heartbeat(
-            cluster.store,
-            "mapper",
-            0,
-            old.guid,
-            f"mapper-0-{old.guid}",
-            1.0,
-            old.metrics,
-            clock=ahead,
-        )
+        address = f"mapper-0-{old.guid}"
+        zombie = Heartbeat(cluster.store, "mapper", 0, old.guid, address, 1.0, old.metrics)
         zombie.beat()
         new = cluster.start_mapper(0)  # supersedes the old entry (removes it)
         zombie.beat()  # the old instance is still alive and re-creates its entry
