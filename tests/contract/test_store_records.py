@@ -107,6 +107,16 @@ def test_stale_entries_are_removed_unless_they_beat_since(store: Store) -> None:
     store.transact(lambda t: register_worker(t, "mapper", 1, "live", "h:2", 2.0))
     assert store.transact(lambda t: remove_stale_workers(t, seen)) == 1
     assert [w.guid for w in store.transact(lambda t: list_workers(t, "mapper"))] == ["live"]
+    # A removed instance that was alive after all comes back with its counter advanced, so
+    # an observer that saw it before sees a change (not the same entry, dead again).
+    dead = seen[0]
+    back = store.transact(
+        lambda t: register_worker(
+            t, "mapper", 0, "dead", "h:1", 3.0, registration=dead.registration, beats=dead.beats
+        )
+    )
+    assert (back.registration, back.beats) == (dead.registration, dead.beats + 1)
+    store.transact(lambda t: unregister_worker(t, "mapper", 0, "dead"))
     store.transact(lambda t: unregister_worker(t, "mapper", 1, "live"))
     assert store.transact(lambda t: list_workers(t, "mapper")) == []
 

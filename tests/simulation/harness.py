@@ -472,7 +472,8 @@ class MapperInstance:
 
     ``restarting``: its loop must (re)start ingestion before the next step (after split
     brain, or when that restart failed on a store error). ``registration``: its number in
-    discovery, kept across beats (and when an observer removed its entry).
+    discovery and its beat counter, kept across beats (and when an observer removed its
+    entry).
     """
 
     worker: MapperWorker
@@ -480,6 +481,7 @@ class MapperInstance:
     started_shuffle: int = 0
     restarting: bool = False
     registration: int | None = None
+    beats: int | None = None
 
 
 @dataclass
@@ -788,9 +790,10 @@ class Simulation:
             pid=0,
             host="sim",
             registration=inst.registration,
+            beats=inst.beats,
         )
         txn.commit()
-        inst.registration = info.registration
+        inst.registration, inst.beats = info.registration, info.beats
         self.note(f"heartbeat m{w.index}@{w.guid}")
 
     def heartbeats_stop(self, inst: MapperInstance) -> None:

@@ -246,13 +246,15 @@ def register_worker(
     pid: int | None = None,
     host: str | None = None,
     registration: int | None = None,
+    beats: int | None = None,
 ) -> WorkerInfo:
     """Create or refresh a discovery entry; call it again to heartbeat.
 
     A refresh keeps the entry's registration number and advances its beat counter. An
-    entry that does not exist yet is created with ``registration`` (an instance whose entry
-    an observer expired while it was still alive passes its own) or, for a new instance,
-    the next registration number of ``role``. A new instance also removes the entries it
+    entry that does not exist yet is created with ``registration`` and a beat counter past
+    ``beats`` (an instance whose entry an observer removed while it was still alive passes
+    its own, so that observers see its counter advance) or, for a new instance, the next
+    registration number of ``role``. A new instance also removes the entries it
     supersedes: older instances of its index (the newest registration is the one reducers
     use; an older one that is still alive re-creates its entry on its next beat) and
     entries of any index at its own address (whoever served there is gone).
@@ -263,11 +265,12 @@ def register_worker(
     _check_role(role)
     key = _worker_key(role, index, guid)
     raw = txn.get(key)
-    beats = 0
     if raw is not None:
         stored = _decode_worker(role, key, raw)
         registration, beats = stored.registration, stored.beats + 1
-    elif registration is None:
+    else:
+        beats = 0 if beats is None else beats + 1
+    if registration is None:
         counter = txn.get(_registrations_key(role))
         registration = (int(unpack(counter)[0]) if counter is not None else 0) + 1
         txn.set(_registrations_key(role), pack((registration,)))

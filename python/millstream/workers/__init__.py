@@ -58,6 +58,7 @@ class Heartbeat:
     ) -> None:
         self._store = store
         self._registration: int | None = None
+        self._beats: int | None = None
         self._role, self._index, self._guid, self._address = role, index, guid, address
         self._period = period
         self._metrics = metrics
@@ -78,13 +79,14 @@ class Heartbeat:
                 self._address,
                 now,
                 registration=self._registration,
+                beats=self._beats,
             )
             write_worker_status(txn, self._role, self._index, {**metrics, "time": now})
             return info
 
         try:
             info = self._store.transact(write, max_retries=3)
-            self._registration = info.registration
+            self._registration, self._beats = info.registration, info.beats
         except (RetryableStoreError, StoreUnavailableError) as exc:
             log.warning("%s %d: heartbeat failed: %s", self._role, self._index, exc)
 
