@@ -25,11 +25,12 @@ from millstream.state import Store, decode_int64, encode_int64, open_store
 from millstream.state.limits import StoreLimits
 from millstream.state.records import (
     OUTPUT,
+    list_workers,
     read_mapper_state,
     read_reducer_state,
     register_worker,
 )
-from millstream.workers import ManualClock, MapperWorker, ReducerWorker
+from millstream.workers import Heartbeat, ManualClock, MapperWorker, ReducerWorker
 from worker_fixtures import (
     BATCH_ROWS,
     ROWS_PER_PARTITION,
@@ -517,3 +518,76 @@ def test_a_long_reduce_whose_reads_changed_meanwhile_is_not_committed(tmp_path: 
         txn.reset()
     assert c.reducers[0].split_brains >= 1
     c.store.close()
+
+
+def test_reducers_follow_the_newest_instance_whatever_the_clocks(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, _tables())
+    try:
+        old = cluster.mappers[0]
+        # The old instance's host clock runs an hour ahead: its last beat, before it died,
+        # carries a later time than anything the new instance writes.
+        skewed = cluster.clock.wall() + 3600
+        cluster.store.transact(
+            lambda txn: register_worker(txn, "mapper", 0, old.guid, f"mapper-0-{old.guid}", skewed)
+        )
+        cluster.handlers.pop(f"mapper-0-{old.guid}")
+        new = cluster.start_mapper(0)
+        new.ingest_once()
+        reducer = cluster.reducers[0]
+        assert reducer.run_once(), reducer.last_error
+        assert reducer.last_state is not None
+        assert reducer.last_state.committed_row_indices[0] >= 0
+    finally:
+        cluster.store.close()
+
+
+def test_a_zombie_that_beats_again_does_not_take_over(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, _tables())
+    try:
+        old = cluster.mappers[0]
+        address = f"mapper-0-{old.guid}"
+        zombie = Heartbeat(cluster.store, "mapper", 0, old.guid, address, 1.0, old.metrics)
+        zombie.beat()
+        new = cluster.start_mapper(0)  # supersedes the old entry (removes it)
+        zombie.beat()  # the old instance is still alive and re-creates its entry
+        cluster.handlers.pop(f"mapper-0-{old.guid}")  # ... and stops serving
+        new.ingest_once()
+        reducer = cluster.reducers[0]
+        assert reducer.run_once(), reducer.last_error
+        txn = cluster.store.create_transaction()
+        try:
+            entries = {w.guid: w for w in list_workers(txn, "mapper") if w.index == 0}
+        finally:
+            txn.reset()
+        assert entries[old.guid].registration < entries[new.guid].registration
+    finally:
+        cluster.store.close()
+
+
+def test_reducers_forget_mappers_that_stopped_beating(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, _tables())
+    try:
+        live = cluster.mappers[0]
+        dead = cluster.start_mapper(0)  # registers after the live one, then dies
+        cluster.handlers.pop(f"mapper-0-{dead.guid}")
+        cluster.mappers[0] = live
+        reducer = cluster.reducers[0]
+        for _ in range(11):  # past the ten heartbeat periods after which an entry is dead
+            # The live instance beats every second; the dead one's entry stays as it was.
+            cluster.clock.advance(1.0)
+            cluster.store.transact(
+                lambda txn: register_worker(
+                    txn, "mapper", 0, live.guid, f"mapper-0-{live.guid}", cluster.clock.wall()
+                )
+            )
+            live.ingest_once()
+            reducer.run_once()
+        assert reducer.last_state is not None
+        assert reducer.last_state.committed_row_indices[0] >= 0
+        txn = cluster.store.create_transaction()
+        try:
+            assert [w.guid for w in list_workers(txn, "mapper") if w.index == 0] == [live.guid]
+        finally:
+            txn.reset()
+    finally:
+        cluster.store.close()
