@@ -67,7 +67,7 @@ from millstream.inputs.queue_producer import QueueProducer
 from millstream.inputs.store_queue import StoreQueue
 from millstream.processor import Processor
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
-from millstream.state import Store, open_store
+from millstream.state import Store, open_store, pack
 from millstream.state.base import run_transaction
 from millstream.state.records import (
     freshest_workers,
@@ -557,6 +557,7 @@ class CommitHook:
     def __init__(self, inner: Any, key: tuple[Any, ...], fn: Callable[[], None]) -> None:
         self._inner = inner
         self.key = key
+        self.raw_key = inner.prefix_bytes + pack(key)
         self.fn: Callable[[], None] | None = fn
 
     def __getattr__(self, name: str) -> Any:
@@ -579,6 +580,12 @@ class _HookedTransaction:
         if key == self._hook.key:
             self._read_key = True
         return self._inner.get(key, *args, **kwargs)
+
+    def _raw_get(self, key: bytes, snapshot: bool) -> Any:
+        # A transaction that wraps this one (the reducer's ReplayingTransaction) reads here.
+        if key == self._hook.raw_key:
+            self._read_key = True
+        return self._inner._raw_get(key, snapshot)
 
     def commit(self) -> None:
         fn = self._hook.fn

@@ -472,14 +472,24 @@ class SlowCountRows(CountRows):
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
         txn.get(("n", 0))  # a read: the transaction's clock is running
         self.config["clock"].advance(6.0)  # longer than the 5 s transaction limit
+        self.config["beat"]()  # the mappers' heartbeats go on meanwhile
         super().reduce(batch, txn)
 
 
 def test_a_reduce_longer_than_the_transaction_limit_commits(tmp_path: Path) -> None:
     c = Cluster(tmp_path, _tables(), reducer=SlowCountRows)
     c.store.clock = c.clock.now  # the store's 5 s limit runs on the test's clock
+    beats = [
+        Heartbeat(c.store, "mapper", m, w.guid, f"mapper-{m}-{w.guid}", 1.0, w.metrics)
+        for m, w in c.mappers.items()
+    ]
+
+    def beat_all() -> None:
+        for heartbeat in beats:
+            heartbeat.beat()
+
     for reducer in c.reducers.values():
-        reducer.user.config = {"clock": c.clock}
+        reducer.user.config = {"clock": c.clock, "beat": beat_all}
     c.run_to_end(limit=100)
     assert c.output() == _expected(c.tables)
     assert all(r.renewals >= r.commits > 0 for r in c.reducers.values())
