@@ -50,7 +50,16 @@ class Window:
         input_unread_row_index: int = 0,
         shuffle_unread_row_index: int = 0,
         continuation_token: bytes = b"",
-    ) -> Window: ...
+        *,
+        max_payload_bytes: int = 2**64 - 1,
+    ) -> Window:
+        """A window with no entries, starting at the persisted mapper state.
+
+        ``max_payload_bytes`` is the largest Arrow IPC stream one ``get_rows`` may return
+        (what the transport carries: the gRPC message limit less the response envelope,
+        see ``millstream.rpc.calls.max_payload_bytes``); ``push`` refuses a batch with a
+        row that alone would exceed it.
+        """
     def push(
         self,
         batch: Any,
@@ -69,7 +78,8 @@ class Window:
         reducer's highest committed index are dropped (see ``get_rows``).
 
         Raises:
-            WindowError: reducer index out of range, length mismatch, closed window.
+            WindowError: reducer index out of range, length mismatch, closed window, a row
+                larger than ``max_payload_bytes`` (the message names its size).
             MemoryLimitError: the batch alone needs more than ``memory_limit_bytes``.
             SchemaMismatchError: the batch's fields differ from the window's.
         """
@@ -83,7 +93,9 @@ class Window:
         """GetRows (thesis 4.3.4 steps 2-4): pop the bucket up to ``committed_row_index``,
         trim window entries whose bucket pointer count fell to zero, and return
         ``(row_count, last_shuffle_row_index, arrow_ipc_stream_bytes)`` for up to ``max_rows``
-        rows / about ``max_bytes`` bytes after it, without removing them. With no rows,
+        rows after it, without removing them. The stream is at most ``max_bytes`` (and
+        ``max_payload_bytes``) long, counted from the rows actually returned, except that
+        one row is returned even when it alone is longer than ``max_bytes``. With no rows,
         ``row_count`` is 0 and ``last_shuffle_row_index`` equals ``committed_row_index``.
         """
     def wait_for_room(self, timeout_seconds: float) -> bool:
@@ -107,7 +119,12 @@ class Window:
     @property
     def memory_limit_bytes(self) -> int: ...
     @property
-    def buffered_bytes(self) -> int: ...
+    def max_payload_bytes(self) -> int: ...
+    @property
+    def buffered_bytes(self) -> int:
+        """Memory the entries keep allocated: their Arrow buffers (each allocation once; a
+        small slice of larger buffers is copied on push, so it holds only its rows) and
+        index."""
     @property
     def buffered_rows(self) -> int: ...
     @property

@@ -62,11 +62,18 @@ def test_reducer_state(store: Store) -> None:
         store.transact(lambda t: read_reducer_state(t, 0, 4))
 
 
-def test_discovery_picks_the_freshest_entry(store: Store) -> None:
-    store.transact(lambda t: register_worker(t, "mapper", 0, "old", "h:1", 100.0))
-    store.transact(lambda t: register_worker(t, "mapper", 0, "new", "h:2", 200.0))
+def test_discovery_picks_the_newest_registration_not_the_latest_clock(store: Store) -> None:
+    # The older instance's host clock runs an hour ahead: its heartbeat times are later.
+    store.transact(lambda t: register_worker(t, "mapper", 0, "old", "h:1", 3_700.0))
     store.transact(lambda t: register_worker(t, "mapper", 1, "m1", "h:3", 150.0, pid=7, host="x"))
     store.transact(lambda t: register_worker(t, "reducer", 0, "r0", "", 150.0))
+    store.transact(lambda t: register_worker(t, "mapper", 0, "old", "h:1", 3_701.0))
+    # A new instance of mapper 0 registers; the old one (still alive) beats again after.
+    new = store.transact(lambda t: register_worker(t, "mapper", 0, "new", "h:2", 200.0))
+    old = store.transact(
+        lambda t: register_worker(t, "mapper", 0, "old", "h:1", 3_702.0, registration=1)
+    )
+    assert (old.registration, new.registration) == (1, 3)
     workers = store.transact(lambda t: list_workers(t, "mapper"))
     assert [(w.index, w.guid) for w in workers] == [(0, "new"), (0, "old"), (1, "m1")]
     assert workers[2].pid == 7
@@ -74,12 +81,44 @@ def test_discovery_picks_the_freshest_entry(store: Store) -> None:
     fresh = freshest_workers(workers)
     assert fresh[0].address == "h:2"
     assert fresh[1].guid == "m1"
-    assert store.transact(lambda t: remove_stale_workers(t, "mapper", 120.0)) == 1
-    store.transact(lambda t: unregister_worker(t, "mapper", 1, "m1"))
-    assert [w.guid for w in store.transact(lambda t: list_workers(t, "mapper"))] == ["new"]
     assert [w.guid for w in store.transact(lambda t: list_workers(t, "reducer"))] == ["r0"]
     with pytest.raises(ValueError, match="role"):
         store.transact(lambda t: list_workers(t, "combiner"))
+
+
+def test_a_new_instance_removes_the_entries_it_supersedes(store: Store) -> None:
+    store.transact(lambda t: register_worker(t, "mapper", 0, "a", "h:1", 1.0))
+    store.transact(lambda t: register_worker(t, "mapper", 1, "b", "h:2", 1.0))
+    store.transact(lambda t: register_worker(t, "mapper", 2, "c", "h:3", 1.0))
+    # An instance of mapper 0 starts on mapper 1's old address: mapper 0's older entry and
+    # whatever served on h:2 are gone; mapper 2 is untouched.
+    store.transact(lambda t: register_worker(t, "mapper", 0, "d", "h:2", 1.0))
+    workers = store.transact(lambda t: list_workers(t, "mapper"))
+    assert [(w.index, w.guid) for w in workers] == [(0, "d"), (2, "c")]
+    # Beats keep the registration and advance the counter.
+    again = store.transact(lambda t: register_worker(t, "mapper", 0, "d", "h:2", 2.0))
+    assert (again.registration, again.beats) == (workers[0].registration, 1)
+
+
+def test_stale_entries_are_removed_unless_they_beat_since(store: Store) -> None:
+    store.transact(lambda t: register_worker(t, "mapper", 0, "dead", "h:1", 1.0))
+    store.transact(lambda t: register_worker(t, "mapper", 1, "live", "h:2", 1.0))
+    seen = store.transact(lambda t: list_workers(t, "mapper"))
+    store.transact(lambda t: register_worker(t, "mapper", 1, "live", "h:2", 2.0))
+    assert store.transact(lambda t: remove_stale_workers(t, seen)) == 1
+    assert [w.guid for w in store.transact(lambda t: list_workers(t, "mapper"))] == ["live"]
+    # A removed instance that was alive after all comes back with its counter advanced, so
+    # an observer that saw it before sees a change (not the same entry, dead again).
+    dead = seen[0]
+    back = store.transact(
+        lambda t: register_worker(
+            t, "mapper", 0, "dead", "h:1", 3.0, registration=dead.registration, beats=dead.beats
+        )
+    )
+    assert (back.registration, back.beats) == (dead.registration, dead.beats + 1)
+    store.transact(lambda t: unregister_worker(t, "mapper", 0, "dead"))
+    store.transact(lambda t: unregister_worker(t, "mapper", 1, "live"))
+    assert store.transact(lambda t: list_workers(t, "mapper")) == []
 
 
 def test_worker_status(store: Store) -> None:

@@ -17,8 +17,9 @@ one protocol step at a time by the test, against:
   between a reducer's state read, the mappers' answers and the reducer's commit (so a
   response is stale by the time it is reduced);
 - :class:`SimInput`, an in-memory replayable input whose partitions grow, can be
-  unavailable, and, like a real queue, forget trimmed rows (a read below the trim point
-  returns the rows from the trim point on);
+  unavailable, can be slow (other steps run while a read waits), and, like a real queue,
+  forget trimmed rows (a read below the trim point raises :class:`TrimmedInputError`, as
+  :class:`~millstream.inputs.StoreQueue` does);
 - :class:`SimClock`, time that moves only when the harness says so; the store's
   transaction-age check reads it too;
 - :class:`SimProducer`, a producer appending to a real :class:`StoreQueue` in the faulty
@@ -66,12 +67,16 @@ from millstream.inputs.queue_producer import QueueProducer
 from millstream.inputs.store_queue import StoreQueue
 from millstream.processor import Processor
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
-from millstream.state import Store, open_store
+from millstream.state import Store, open_store, pack
 from millstream.state.base import run_transaction
 from millstream.state.records import (
+    freshest_workers,
+    list_workers,
     read_mapper_state,
     read_reducer_state,
+    reducer_state_key,
     register_worker,
+    unregister_worker,
 )
 from millstream.workers import MapperWorker, ReducerWorker
 
@@ -198,6 +203,7 @@ class SimPartition:
     trimmed: int = 0
     unavailable: bool = False
     trims: list[int] = field(default_factory=list)
+    stalls: deque[list[Any]] = field(default_factory=deque)
 
     def batch(self, begin: int, end: int) -> pa.RecordBatch:
         return pa.record_batch(
@@ -208,12 +214,17 @@ class SimPartition:
         )
 
 
+class TrimmedInputError(InputError):
+    """A read below a partition's trim point: those rows are gone."""
+
+
 class SimReader:
     """A reader of a :class:`SimPartition`; the continuation token is the next row, as text.
 
     Like a queue with deleted prefix, rows below the trim point are gone: a read that starts
-    there returns the rows from the trim point on (the reader cannot know the caller's
-    numbering is off; the mapper's split-brain check is what protects it).
+    there raises :class:`TrimmedInputError`, as real inputs do. Reads may be slow: an entry
+    ``[n, fn]`` of the partition's ``stalls`` lets ``n`` more reads pass, then ``fn`` runs
+    while the next one waits (before it looks at the partition).
     """
 
     def __init__(self, partition: SimPartition) -> None:
@@ -221,9 +232,15 @@ class SimReader:
 
     def read(self, begin_row_index: int, end_row_index_hint: int, token: bytes) -> ReadResult:
         p = self.partition
+        _stall_read(p)
         if p.unavailable:
             raise InputError(f"partition {p.index} is unavailable (simulated)")
-        start = max(int(token or b"0"), p.trimmed)
+        start = int(token or b"0")
+        if start < p.trimmed:
+            raise TrimmedInputError(
+                f"partition {p.index}: rows below {p.trimmed} were trimmed; cannot read from "
+                f"row {start} (simulated)"
+            )
         end = min(start + max(1, end_row_index_hint - begin_row_index), p.visible)
         if end <= start:
             return ReadResult(None, str(start).encode(), p.visible == p.total == start)
@@ -236,6 +253,18 @@ class SimReader:
 
     def close(self) -> None:
         pass
+
+
+def _stall_read(p: SimPartition) -> None:
+    """Input latency: run the steps armed for this read while it waits."""
+    if not p.stalls:
+        return
+    entry = p.stalls[0]
+    if entry[0] > 0:
+        entry[0] -= 1
+        return
+    p.stalls.popleft()
+    entry[1]()
 
 
 class SimInput:
@@ -518,6 +547,54 @@ class SimProducer:
             assert self.acked[p] == len(self.batches[p]), f"producer p{p} still failing"
 
 
+class CommitHook:
+    """A store whose first commit of a transaction that read ``key`` runs ``fn`` first.
+
+    Latency aimed at one commit: ``fn``'s steps happen after the worker read and wrote
+    everything and before its commit reaches the store.
+    """
+
+    def __init__(self, inner: Any, key: tuple[Any, ...], fn: Callable[[], None]) -> None:
+        self._inner = inner
+        self.key = key
+        self.raw_key = inner.prefix_bytes + pack(key)
+        self.fn: Callable[[], None] | None = fn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def create_transaction(self) -> Any:
+        return _HookedTransaction(self._inner.create_transaction(), self)
+
+
+class _HookedTransaction:
+    def __init__(self, inner: Any, hook: CommitHook) -> None:
+        self._inner = inner
+        self._hook = hook
+        self._read_key = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get(self, key: Any, *args: Any, **kwargs: Any) -> Any:
+        if key == self._hook.key:
+            self._read_key = True
+        return self._inner.get(key, *args, **kwargs)
+
+    def _raw_get(self, key: bytes, snapshot: bool) -> Any:
+        # A transaction that wraps this one (the reducer's ReplayingTransaction) reads here.
+        if key == self._hook.raw_key:
+            self._read_key = True
+        return self._inner._raw_get(key, snapshot)
+
+    def commit(self) -> None:
+        fn = self._hook.fn
+        if self._read_key and fn is not None:
+            self._hook.fn = None
+            fn()
+        self._inner.commit()
+
+
 # -- worker instances -----------------------------------------------------------------
 
 
@@ -525,13 +602,17 @@ class WindowProbe:
     """A mapper's window, with a ledger of every entry's bytes and rows as pushed.
 
     The worker sees the real window through it. The ledger lets the checker compare the
-    window's memory accounting, after any trimming, with the entries it still holds.
+    window's memory accounting, after any trimming, with the entries it still holds; the
+    bounds, each entry's charge with what its rows take (an entry is charged what it
+    holds, not the buffers its batch was sliced from).
     """
 
     def __init__(self, window: Any) -> None:
         self.window = window
         # entry index -> (bytes, rows, input rows begin, end) when pushed
         self.ledger: dict[int, tuple[int, int, int, int]] = {}
+        # entry index -> most bytes the entry may be charged
+        self.bounds: dict[int, int] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.window, name)
@@ -551,8 +632,14 @@ class WindowProbe:
                 begin,
                 end,
             )
+            # Twice its rows' own bytes (copied when its buffers hold more) plus 64 KiB,
+            # and the index: 4 bytes per row and reducer boundary, the token, a header.
+            rows_bytes = batch.nbytes if batch.num_rows else 0
+            index = 4 * (batch.num_rows + w.num_reducers + 1) + len(token) + 1024
+            self.bounds[new] = 2 * rows_bytes + 64 * 1024 + index
         for i in gone:
             self.ledger.pop(i, None)
+            self.bounds.pop(i, None)
         return result
 
 
@@ -561,13 +648,17 @@ class MapperInstance:
     """A live mapper object, the address it serves on, and where its window started.
 
     ``restarting``: its loop must (re)start ingestion before the next step (after split
-    brain, or when that restart failed on a store error).
+    brain, or when that restart failed on a store error). ``registration``: its number in
+    discovery and its beat counter, kept across beats (and when an observer removed its
+    entry).
     """
 
     worker: MapperWorker
     address: str
     started_shuffle: int = 0
     restarting: bool = False
+    registration: int | None = None
+    beats: int | None = None
 
 
 @dataclass
@@ -624,6 +715,7 @@ class SimNetwork:
                 if fault == "duplicate":
                     result = self.serve(call)
             except (ConnectionError, StaleMapperError, CommittedIndexError) as exc:
+                self.sim.note(f"  m{call.mapper_index} call refused: {type(exc).__name__}")
                 results[i] = exc
                 continue
             if fault != "drop_response":
@@ -858,15 +950,37 @@ class Simulation:
             self._kill(inst)
 
     def heartbeat(self, inst: MapperInstance) -> None:
-        """Refresh discovery: this instance becomes the freshest of its index."""
+        """Refresh discovery: the instance's beat counter advances.
+
+        The first beat registers the instance (the newest registration of its index, the
+        one reducers use); a beat after an observer removed the entry re-creates it.
+        """
         self.clock.advance(0.001)
         w = inst.worker
         txn = self.raw.create_transaction()
-        register_worker(
-            txn, "mapper", w.index, w.guid, inst.address, self.clock.wall(), pid=0, host="sim"
+        info = register_worker(
+            txn,
+            "mapper",
+            w.index,
+            w.guid,
+            inst.address,
+            self.clock.wall(),
+            pid=0,
+            host="sim",
+            registration=inst.registration,
+            beats=inst.beats,
         )
         txn.commit()
+        inst.registration, inst.beats = info.registration, info.beats
         self.note(f"heartbeat m{w.index}@{w.guid}")
+
+    def heartbeats_stop(self, inst: MapperInstance) -> None:
+        """The instance's beats stop reaching the store and an observer removes its entry."""
+        w = inst.worker
+        txn = self.raw.create_transaction()
+        unregister_worker(txn, "mapper", w.index, w.guid)
+        txn.commit()
+        self.note(f"discovery forgets m{w.index}@{w.guid}")
 
     def start_reducer(self, r: int, *, duplicate: bool = False) -> None:
         worker = ReducerWorker(
@@ -924,6 +1038,12 @@ class Simulation:
         except STORE_ERRORS as exc:
             self.events["mapper_store_error"] += 1
             self.note(f"{who}: {type(exc).__name__}")
+        except TrimmedInputError as exc:
+            # The local runner treats InputError as fatal: the whole run would stop.
+            raise AssertionError(
+                f"{who}: the run stops on {exc}; a read of rows another instance trimmed "
+                "must restart ingestion (split brain), not fail"
+            ) from exc
         except CRASH_ERRORS as exc:
             self.events["mapper_crashed"] += 1
             self.note(f"{who}: crashed on {type(exc).__name__}")
@@ -1032,11 +1152,12 @@ class Simulation:
         and the network up. With ``a_lead``, A first maps every full batch of the input so
         far (and a row arrives if none is left). B then maps all there is, its last batch
         cut short by the end of the input; the reducers commit everything, and ``grow``
-        more rows arrive. B persists its state and trims the input, A becomes the freshest
-        in discovery, and A ingests from where its stale window ends, below B's trim point,
-        where there is now more input than when that batch was first cut; the reducers
-        fetch from A and commit. With ``stall`` set, B's trim and A's heartbeat happen
-        while A's ingestion waits on its ``stall``-th store call instead of before it.
+        more rows arrive. B persists its state and trims the input, B's entry leaves
+        discovery (its beats stop reaching the store) so the reducers turn to A, and A
+        ingests from where its stale window ends, below B's trim point, where there is now
+        more input than when that batch was first cut; the reducers fetch from A and
+        commit. With ``stall`` set, B's trim and the discovery change happen while A's
+        ingestion waits on its ``stall``-th store call instead of before it.
         """
         self.plan.unavailable = False
         self.partitions[m].unavailable = False
@@ -1067,8 +1188,9 @@ class Simulation:
         self.produce(m, grow)
 
         def trim_b_then_beat_a() -> None:
-            self.note("stall: B trims, A heartbeats")
+            self.note("stall: B trims, discovery forgets B, A heartbeats")
             self.trim_instance(b)
+            self.heartbeats_stop(b)
             self.heartbeat(a)
 
         if stall is None:
@@ -1114,6 +1236,145 @@ class Simulation:
             self.producer.restart()
         self.plan.armed.extendleft(reversed(faults))
         self.producer.append(partition, rows)
+
+    # -- composite steps: a duplicate reading behind a trim, racing reducers, reused
+    # -- addresses, time passing ------------------------------------------------------
+
+    def _faults_off(self) -> None:
+        """Store, network and inputs up, no armed faults or latency (for a composite step).
+
+        Commits still in flight land first, so the step starts from a settled store.
+        """
+        self.plan.land()
+        self.plan.unavailable = False
+        self.plan.armed.clear()
+        self.plan.stalls.clear()
+        self.net.unreachable.clear()
+        for p in self.partitions:
+            p.unavailable = False
+
+    def trimmed_read_race(self, m: int, grow: int, a_ingests: int) -> None:
+        """A duplicate mapper reads input rows while the other instance trims them.
+
+        Two live instances A (older) and B of mapper ``m``. A maps every full batch of the
+        input so far and a row arrives; B maps all there is, its last batch cut short by
+        the end of the input; the reducers commit everything and ``grow`` more rows arrive.
+        A's next read returns more rows than B's short batch, so A re-reads exactly B's
+        rows, and while that read waits B persists its state and trims the input past
+        them: the read fails on trimmed rows and A must restart (split brain). A then
+        ingests ``a_ingests`` times with the reducers running.
+        """
+        self._faults_off()
+        p = self.partitions[m]
+        if len(self.mappers[m]) < 2:
+            self.start_mapper(m)
+        a, b = self.mappers[m][0], self.mappers[m][-1]
+        for _ in range(8):
+            w = a.worker.window
+            if a.restarting or w is None:
+                break
+            if p.visible - w.input_end_row_index < self.config.batch_rows:
+                break
+            if not self.ingest_instance(a):
+                break
+        w = a.worker.window
+        if w is not None and p.visible == w.input_end_row_index:
+            self.produce(m, 1)  # so that B's last batch is a short one
+        self.heartbeat(b)
+        for _ in range(12):
+            if not self.ingest_instance(b):
+                break
+            self.reduce_all()
+        for _ in range(8):
+            if not self.reduce_all():
+                break
+        self.produce(m, grow)
+
+        def b_trims() -> None:
+            self.note("input stalls: B trims while A reads")
+            self.trim_instance(b)
+
+        entry: list[Any] = [1, b_trims]  # A's second read: the re-read of B's short batch
+        p.stalls.append(entry)
+        self.ingest_instance(a)
+        p.stalls = deque(e for e in p.stalls if e is not entry)
+        for _ in range(a_ingests):
+            self.ingest_instance(a)
+            self.reduce_all()
+
+    def reducer_race(self, r: int, ingests: int) -> None:
+        """Two instances of reducer ``r`` reduce the same rows (thesis 4.4.2 step 6).
+
+        The mappers map ``ingests`` batches each; the first instance reads its state,
+        fetches, reduces and re-reads its state, and while its commit waits the second
+        instance fetches the same rows, reduces and commits. The first commit must fail:
+        the state it re-read changed before it committed.
+        """
+        self._faults_off()
+        for m in range(self.M):
+            if not self.mappers[m]:
+                self.start_mapper(m)
+            self.produce(m, self.config.batch_rows * ingests)
+            for inst in list(self.mappers[m]):
+                for _ in range(ingests):
+                    self.ingest_instance(inst)
+        if len(self.reducers[r]) < 2:
+            self.start_reducer(r, duplicate=True)
+        first, second = self.reducers[r][0].worker, len(self.reducers[r]) - 1
+
+        def second_reduces() -> None:
+            self.note(f"commit waits: r{r} instance {second} reduces")
+            self.reduce(r, second)
+
+        hooked = CommitHook(self.store, reducer_state_key(r), second_reduces)
+        first.store = hooked  # type: ignore[assignment]
+        try:
+            self.reduce(r, 0)
+        finally:
+            first.store = self.store  # type: ignore[assignment]
+
+    def reuse_address(self, m: int, other: int) -> None:
+        """The instance discovery names for mapper ``m`` dies and mapper ``other`` starts on
+        its address (the port is free again) and maps a batch or two."""
+        if other == m:
+            return
+        txn = self.raw.create_transaction()
+        try:
+            entry = freshest_workers(list_workers(txn, "mapper")).get(m)
+        finally:
+            txn.reset()
+        inst = self.bound.get(entry.address) if entry is not None else None
+        if inst is None or inst.worker.index != m:
+            return
+        self._kill(inst)
+        new = self.start_mapper(other, inst.address)
+        self.produce(other, self.config.batch_rows)
+        for _ in range(2):
+            self.ingest_instance(new)
+
+    def address_reuse(self, m: int, shift: int, r: int) -> None:
+        """A reducer's GetRows reaches another mapper index on the address it looked up.
+
+        Reducer ``r`` reads discovery, which names an instance of mapper ``m``; before its
+        call arrives, that instance dies and mapper ``m + shift`` starts on the same
+        address. The call carries ``m``'s GUID and must be refused.
+        """
+        self._faults_off()
+        other = (m + shift) % self.M
+        if not self.mappers[m]:
+            self.start_mapper(m)
+        self.reduce(r, 0, before=(("reuse_address", m, other),))
+
+    def time_passes(self, periods: int) -> None:
+        """``periods`` heartbeat periods pass; every live mapper instance beats once.
+
+        Entries of dead instances stop changing, so reducers that look before and after
+        long enough find them dead and remove them.
+        """
+        self.clock.advance(periods * self.processor.tuning.heartbeat_seconds)
+        for insts in self.mappers:
+            for inst in list(insts):
+                self.heartbeat(inst)
 
     # -- steps by name ------------------------------------------------------------------
 
@@ -1174,6 +1435,17 @@ class Simulation:
             self.restart_mid_stream(args[0] % self.M, *args[1:])
         elif kind == "append":
             self.append_to_queue(args[0] % QUEUE_PARTITIONS, args[1], tuple(args[2]), *args[3:])
+
+        elif kind == "trimmed_read_race":
+            self.trimmed_read_race(args[0] % self.M, *args[1:])
+        elif kind == "reducer_race":
+            self.reducer_race(args[0] % self.R, *args[1:])
+        elif kind == "reuse_address":
+            self.reuse_address(args[0] % self.M, args[1] % self.M)
+        elif kind == "address_reuse":
+            self.address_reuse(args[0] % self.M, args[1], args[2] % self.R)
+        elif kind == "time_passes":
+            self.time_passes(args[0])
         else:
             raise ValueError(f"unknown action {action!r}")
 
@@ -1273,6 +1545,8 @@ class Simulation:
                 f"{sum(e[1] for e in held)}"
             )
             assert all(e[0] > 0 for e in held), f"{who}: an entry of 0 bytes: {held}"
+            over = [(i, w.ledger[i][0], w.bounds[i]) for i in live if w.ledger[i][0] > w.bounds[i]]
+            assert not over, f"{who}: entries charged more than their rows hold: {over}"
             if self.oracle.preaggregate:
                 # Every batch in the window is cut where the first instance cut it.
                 cuts = self.oracle.cuts[m]
@@ -1332,7 +1606,11 @@ class Simulation:
     # -- the end ----------------------------------------------------------------------
 
     def heal(self) -> None:
-        """Faults off, every partition fully produced, one live instance per worker."""
+        """Faults off, every partition fully produced; the surviving instances go on.
+
+        A worker with no live instance gets a new one (as the runner restarts a dead
+        worker); duplicates stay, so the losers of a split brain must make progress too.
+        """
         self.note("heal")
         self.plan.land()
         self.plan.armed.clear()
@@ -1343,44 +1621,64 @@ class Simulation:
         for p in self.partitions:
             p.unavailable = False
             p.visible = p.total
+            p.stalls.clear()
         for m in range(self.M):
-            for inst in list(self.mappers[m]):
-                self._kill(inst)
-            self.start_mapper(m)
+            if not self.mappers[m]:
+                self.start_mapper(m)
         for r in range(self.R):
-            self.start_reducer(r)
+            if not self.reducers[r]:
+                self.start_reducer(r)
+
+    def _all_mappers_drained(self) -> bool:
+        return all(
+            not inst.restarting and inst.worker.is_drained()
+            for insts in self.mappers
+            for inst in insts
+        )
 
     def drain(self, rounds: int = 400) -> None:
-        """Run every worker with faults off until every row's effect is committed."""
+        """Run every surviving instance with faults off until all of them are done.
+
+        Each round a heartbeat period passes and every live mapper instance beats, so
+        reducers forget the entries of dead instances. Liveness: every row's effect is
+        committed and every live instance, duplicates included, drains.
+        """
         self.heal()
         everything = self.oracle.all_effects()
         for _ in range(rounds):
+            self.time_passes(1)
             for m in range(self.M):
-                self.ingest(m, 0)
+                for inst in list(self.mappers[m]):
+                    self.ingest_instance(inst)
             for r in range(self.R):
-                self.reduce(r, 0)
+                for k in range(len(self.reducers[r])):
+                    self.reduce(r, k)
             for m in range(self.M):
-                self.trim(m, 0)
+                for inst in list(self.mappers[m]):
+                    self.trim_instance(inst)
             self.check()
             _, _, effects = self.read_store()
-            if set(effects) == everything and all(
-                self.mappers[m] and self.mappers[m][0].worker.is_drained() for m in range(self.M)
-            ):
+            if set(effects) == everything and self._all_mappers_drained():
                 break
         _, mstates, effects = self.read_store()
         missing = everything - set(effects)
         assert not missing, f"after draining, effects never applied: {sorted(missing)[:10]}"
         assert all(v == 1 for v in effects.values())
         for m in range(self.M):
-            worker = self.mappers[m][0].worker
-            assert worker.is_drained(), f"mapper {m} did not drain: {worker.metrics()}"
-            worker.mark_drained()
+            for inst in self.mappers[m]:
+                worker = inst.worker
+                stuck = inst.restarting or not worker.is_drained()
+                assert not stuck, (
+                    f"mapper {m} instance {worker.guid} did not drain in {rounds} rounds "
+                    f"(a live instance must make progress): {worker.metrics()}"
+                )
+                worker.mark_drained()
             assert mstates[m].input_unread_row_index == self.partitions[m].total
             assert self.partitions[m].trimmed == self.partitions[m].total
         for r in range(self.R):
-            inst = self.reducers[r][0]
-            assert not inst.worker.run_once()
-            assert inst.worker.all_drained, f"reducer {r} does not see every mapper drained"
+            for inst in self.reducers[r]:
+                assert not inst.worker.run_once()
+                assert inst.worker.all_drained, f"reducer {r} does not see every mapper drained"
         if self.producer is not None:
             self.producer.finish()
             self.producer.check(complete=True)

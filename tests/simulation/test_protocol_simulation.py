@@ -191,6 +191,22 @@ class ProtocolMachine(RuleBasedStateMachine):
     def append_input(self, p: int, rows: int, faults: tuple[str, ...], restart: bool) -> None:
         self._step("append", p, rows, faults, restart)
 
+    @rule(m=mapper_index, grow=st.integers(1, 8), a_ingests=st.integers(1, 3))
+    def trimmed_read_race(self, m: int, grow: int, a_ingests: int) -> None:
+        self._step("trimmed_read_race", m, grow, a_ingests)
+
+    @rule(r=reducer_index, ingests=st.integers(1, 3))
+    def reducer_race(self, r: int, ingests: int) -> None:
+        self._step("reducer_race", r, ingests)
+
+    @rule(m=mapper_index, shift=st.integers(1, MAPPERS - 1), r=reducer_index)
+    def address_reuse(self, m: int, shift: int, r: int) -> None:
+        self._step("address_reuse", m, shift, r)
+
+    @rule(periods=st.sampled_from([1, 4, 12]))
+    def time_passes(self, periods: int) -> None:
+        self._step("time_passes", periods)
+
     # -- faults ---------------------------------------------------------------------
 
     @rule(kind=st.sampled_from(COMMIT_FAULTS), n=st.integers(1, 3))

@@ -16,12 +16,21 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
+from millstream import _core
 from millstream.api import Transaction
 from millstream.exceptions import CommitUnknownResultError, StoreConflictError
+from millstream.inputs.base import ReadResult
 from millstream.inputs.store_queue import StoreQueue
+from millstream.state import Transaction as StoreTransaction
 from millstream.state import pack, unpack
-from millstream.state.records import ReducerState, read_reducer_state, write_reducer_state
+from millstream.state.records import (
+    ReducerState,
+    read_reducer_state,
+    reducer_state_key,
+    write_reducer_state,
+)
 from millstream.workers import MapperWorker, ReducerWorker
+from millstream.workers import reducer as reducer_module
 from millstream.workers.mapper import plan_key
 
 from tests.simulation.test_protocol_simulation import PROFILE, ProtocolMachine
@@ -204,7 +213,67 @@ def _reducer_trusts_unknown(self: ReducerWorker, state: Any, new: Any, *args: An
         return True
 
 
-MUTANTS: dict[str, tuple[type, str, Callable[..., Any]]] = {
+# -- races, reused addresses, trimmed reads, liveness ----------------------------------
+
+
+def _snapshot_state_read(
+    txn: StoreTransaction, reducer_index: int, num_mappers: int
+) -> ReducerState:
+    """Mutant (j): the reducer re-reads its state conflict-free (a snapshot read).
+
+    The re-read inside the commit transaction then sees the state but does not guard it:
+    a duplicate instance that commits between the re-read and the commit goes unnoticed.
+    """
+    raw = txn.get(reducer_state_key(reducer_index), snapshot=True)
+    if raw is None:
+        return ReducerState.initial(num_mappers)
+    return ReducerState(tuple(int(i) for i in unpack(raw)))
+
+
+def _get_rows_ignoring_guid(
+    self: MapperWorker,
+    reducer_index: int,
+    committed_row_index: int,
+    max_rows: int,
+    max_bytes: int,
+    mapper_id: str,
+) -> tuple[int, int, bytes]:
+    """Mutant (k): GetRows serves whoever calls, whatever mapper instance they meant."""
+    return _real_get_rows(self, reducer_index, committed_row_index, max_rows, max_bytes, self.guid)
+
+
+def _read_cut_without_check(self: MapperWorker, begin: int, end: int) -> ReadResult:
+    """Mutant (l): a failed re-read of a recorded batch is an input error, whatever the
+    persisted state says (the bug of issue 13 item 3: a duplicate reading behind the other
+    instance's trim stopped the run)."""
+    result = self._read_exactly(begin, end)
+    self._check_persisted()
+    return result
+
+
+_real_start_ingestion = MapperWorker.start_ingestion
+
+
+def _restart_from_stale_state(self: MapperWorker) -> None:
+    """Mutant (m): after split brain an instance restarts from the state it last saw, not
+    the persisted one, so it meets split brain again and again and never progresses."""
+    if self.window is None:
+        _real_start_ingestion(self)
+        return
+    stale, old = self.persisted, self.window
+    self.window = _core.Window(
+        self.processor.num_reducers,
+        self.tuning.memory_limit_bytes,
+        stale.input_unread_row_index,
+        stale.shuffle_unread_row_index,
+        stale.continuation_token,
+    )
+    old.close()
+    self._token = stale.continuation_token
+    self.end_of_input = False
+
+
+MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
     "reducer_state_committed_before_user_writes": (
         ReducerWorker,
         "_reduce_and_commit",
@@ -229,6 +298,22 @@ MUTANTS: dict[str, tuple[type, str, Callable[..., Any]]] = {
         ReducerWorker,
         "_reduce_and_commit",
         _reducer_trusts_unknown,
+    ),
+    "reducer_rereads_state_as_snapshot": (
+        reducer_module,
+        "read_reducer_state",
+        _snapshot_state_read,
+    ),
+    "mapper_serves_any_guid": (MapperWorker, "handle_get_rows", _get_rows_ignoring_guid),
+    "mapper_fails_on_rows_trimmed_by_duplicate": (
+        MapperWorker,
+        "_read_cut",
+        _read_cut_without_check,
+    ),
+    "mapper_restarts_from_stale_state": (
+        MapperWorker,
+        "start_ingestion",
+        _restart_from_stale_state,
     ),
 }
 

@@ -11,6 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+GET_ROWS_ENVELOPE_BYTES = 64
+"""Bytes a ``GetRowsResponse`` takes besides its Arrow IPC payload: the tags and varints of
+its three fields (at most 33 bytes), with room to spare."""
+
+
+def max_payload_bytes(max_message_bytes: int) -> int:
+    """The longest Arrow IPC payload a GetRows response can carry within a gRPC message of
+    ``max_message_bytes``."""
+    return max(0, max_message_bytes - GET_ROWS_ENVELOPE_BYTES)
+
 
 @dataclass(frozen=True)
 class GetRowsCall:

@@ -8,7 +8,7 @@ import grpc
 
 from millstream.exceptions import CommittedIndexError, StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.rpc.calls import RowsHandler
+from millstream.rpc.calls import RowsHandler, max_payload_bytes
 
 
 class _Servicer(millstream_pb2_grpc.MapperServicer):
@@ -44,7 +44,8 @@ class RowsServer:
         handler: Serves the calls.
         bind: ``host:port`` to listen on; port 0 picks a free one.
         max_message_bytes: gRPC send/receive limit.
-        max_response_bytes: Byte cap of one response's rows.
+        max_response_bytes: Byte cap of one response's Arrow IPC payload (kept below what
+            ``max_message_bytes`` can carry).
         max_concurrent_calls: Calls served at once (one per reducer is enough).
     """
 
@@ -68,7 +69,8 @@ class RowsServer:
             ],
         )
         millstream_pb2_grpc.add_MapperServicer_to_server(
-            _Servicer(handler, max_response_bytes), self._server
+            _Servicer(handler, min(max_response_bytes, max_payload_bytes(max_message_bytes))),
+            self._server,
         )
         self.port = self._server.add_insecure_port(bind)
         if self.port == 0:

@@ -18,6 +18,7 @@ from millstream.rpc.server import RowsServer
 from millstream.state import Store, Transaction
 from millstream.state.records import (
     Metric,
+    WorkerInfo,
     check_processor_info,
     register_worker,
     unregister_worker,
@@ -41,7 +42,10 @@ class Heartbeat:
     """Registers a worker in discovery and publishes its status, from its own thread.
 
     A thread (rather than the worker loop) keeps the worker visible while ``map`` or
-    ``reduce`` runs long or the mapper waits for memory.
+    ``reduce`` runs long or the mapper waits for memory. The first beat registers the
+    instance (a new registration number, which makes it the current instance of its
+    index, and removes the entries it supersedes); later beats advance its beat counter,
+    and re-create the entry under the same registration if an observer removed it.
     """
 
     def __init__(
@@ -55,6 +59,8 @@ class Heartbeat:
         metrics: Callable[[], dict[str, Metric]],
     ) -> None:
         self._store = store
+        self._registration: int | None = None
+        self._beats: int | None = None
         self._role, self._index, self._guid, self._address = role, index, guid, address
         self._period = period
         self._metrics = metrics
@@ -66,13 +72,25 @@ class Heartbeat:
         metrics = self._metrics()
         now = SYSTEM_CLOCK.wall()
 
-        def write(txn: Transaction) -> None:
-            register_worker(txn, self._role, self._index, self._guid, self._address, now)
+        def write(txn: Transaction) -> WorkerInfo:
+            info = register_worker(
+                txn,
+                self._role,
+                self._index,
+                self._guid,
+                self._address,
+                now,
+                registration=self._registration,
+                beats=self._beats,
+            )
             write_worker_status(txn, self._role, self._index, {**metrics, "time": now})
+            return info
 
         try:
-            # Idempotent: the same entry and status, with the time taken before the first try.
-            self._store.transact(write, idempotent=True, max_retries=3)
+            # Idempotent: running it again after it landed only advances the beat counter
+            # (and, on the first beat, the registration number) once more.
+            info = self._store.transact(write, idempotent=True, max_retries=3)
+            self._registration, self._beats = info.registration, info.beats
         except (RetryableStoreError, StoreUnavailableError) as exc:
             log.warning("%s %d: heartbeat failed: %s", self._role, self._index, exc)
 

@@ -30,6 +30,7 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.inputs.base import PartitionReader, ReadResult
+from millstream.rpc.calls import max_payload_bytes
 from millstream.state import Store, Transaction, pack, unpack
 from millstream.state.records import SYSTEM, MapperState, read_mapper_state, write_mapper_state
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
@@ -115,6 +116,7 @@ class MapperWorker:
             self.persisted.input_unread_row_index,
             self.persisted.shuffle_unread_row_index,
             self.persisted.continuation_token,
+            max_payload_bytes=max_payload_bytes(self.tuning.grpc_max_message_bytes),
         )
         if old is not None:
             old.close()
@@ -165,8 +167,7 @@ class MapperWorker:
             return False
         end = self.plan_batch(begin, begin + rows)
         if end != begin + rows:
-            result = self._read_exactly(begin, end)
-            self._check_persisted()
+            result = self._read_cut(begin, end)
             batch = result.batch
             assert batch is not None
             rows = batch.num_rows
@@ -240,6 +241,25 @@ class MapperWorker:
             finally:
                 txn.reset()
         raise StoreConflictError(f"mapper {self.index}: could not record the batch at {begin}")
+
+    def _read_cut(self, begin: int, end: int) -> ReadResult:
+        """Read input rows ``[begin, end)``: a batch whose end an earlier instance recorded.
+
+        Another live instance may persist past the batch and trim the input while this one
+        reads: the read then fails on trimmed rows, and the changed persisted state makes it
+        split brain (restart ingestion), as for the first read of the batch.
+
+        Raises:
+            SplitBrainError: Another instance wrote this mapper's state.
+            InputError: The input lost the rows and nobody else moved past them.
+        """
+        try:
+            result = self._read_exactly(begin, end)
+        except InputError:
+            self._check_persisted()
+            raise
+        self._check_persisted()
+        return result
 
     def _read_exactly(self, begin: int, end: int) -> ReadResult:
         """Input rows ``[begin, end)`` as one batch, reading from this instance's token."""

@@ -33,13 +33,14 @@ from millstream.state.records import (
     SYSTEM,
     ReducerState,
     WorkerInfo,
-    freshest_workers,
     list_workers,
     read_reducer_state,
+    remove_stale_workers,
     write_reducer_state,
 )
 from millstream.state.replay import ReplayingTransaction
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
+from millstream.workers.discovery import DiscoveryView
 from millstream.workers.mapper import drained_key
 
 if TYPE_CHECKING:
@@ -97,21 +98,47 @@ class ReducerWorker:
         self.last_write_size = 0
         self.capped = False
         self.renewals = 0
+        self.discovery = DiscoveryView(clock, self.tuning.heartbeat_seconds)
         self.on_committed: Callable[[float, int, int, int], None] | None = None
         """Told each commit's latency (seconds), bytes written, rows reduced and Arrow
         bytes fetched: the metrics hook."""
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
-        """Steps 2-3: the persisted state, live mappers, and mappers already drained."""
+        """Steps 2-3: the persisted state, live mappers, and mappers already drained.
+
+        Mapper entries that stopped beating (on this reducer's clock) are skipped and
+        removed from discovery.
+        """
         m = self.processor.num_mappers
         txn = self.store.create_transaction()
         try:
             state = read_reducer_state(txn, self.index, m)
-            mappers = freshest_workers(list_workers(txn, "mapper"))
+            mappers, dead = self.discovery.observe(list_workers(txn, "mapper"))
             drained = {i for i in range(m) if txn.get(drained_key(i), snapshot=True) is not None}
         finally:
             txn.reset()
+        if dead:
+            self._forget_mappers(dead)
         return state, mappers, drained
+
+    def _forget_mappers(self, dead: list[WorkerInfo]) -> None:
+        """Remove dead mapper entries from discovery; failing is harmless (retried later)."""
+        txn = self.store.create_transaction()
+        try:
+            removed = remove_stale_workers(txn, dead)
+            txn.commit()
+        except (RetryableStoreError, StoreUnavailableError) as exc:
+            self._note_error("removing dead mappers from discovery", exc)
+            return
+        finally:
+            txn.reset()
+        if removed:
+            log.info(
+                "reducer %d: removed %d mapper(s) that stopped beating from discovery: %s",
+                self.index,
+                removed,
+                ", ".join(f"{w.index}@{w.guid}" for w in dead),
+            )
 
     def drained_now(self) -> bool:
         """Whether every mapper has drained (a cheap check between commits)."""

@@ -41,6 +41,7 @@ fn window(num_reducers: u32) -> Window {
     Window::new(WindowOptions {
         num_reducers,
         memory_limit_bytes: u64::MAX,
+        max_payload_bytes: u64::MAX,
         initial_state: LocalMapperState::default(),
     })
     .unwrap()
@@ -136,5 +137,38 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// One reducer: the batch is already grouped and kept without a copy, unless it is a slice
+/// of a larger batch (here a quarter of one), which the window copies into buffers of its
+/// own.
+fn bench_pass_through(c: &mut Criterion) {
+    let b = batch(ROWS);
+    let bytes = data_bytes(&b);
+    let parent = batch(4 * ROWS);
+    let one = UInt32Array::from(vec![0u32; ROWS]);
+    let mut group = c.benchmark_group("window_pass_through");
+    group.throughput(Throughput::Bytes(bytes));
+    group.sample_size(30);
+    group.bench_function("push_whole", |bench| {
+        let mut w = window(1);
+        bench.iter(|| {
+            let end = w.shuffle_end_row_index();
+            w.push(b.clone(), &one, end, Vec::new()).unwrap();
+            commit_all(&mut w, 1, end + ROWS as i64);
+        });
+    });
+    group.bench_function("push_slice", |bench| {
+        let mut w = window(1);
+        let mut k = 0;
+        bench.iter(|| {
+            let end = w.shuffle_end_row_index();
+            w.push(parent.slice(k * ROWS, ROWS), &one, end, Vec::new())
+                .unwrap();
+            commit_all(&mut w, 1, end + ROWS as i64);
+            k = (k + 1) % 4;
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_pass_through);
 criterion_main!(benches);

@@ -88,6 +88,24 @@ pub enum Error {
         memory_limit_bytes: u64,
     },
 
+    /// A mapped row too large for any GetRows response.
+    #[error(
+        "mapped row {shuffle_row_index} (for reducer {reducer_index}) takes {row_bytes} bytes \
+         in a GetRows response, more than the largest response of {max_payload_bytes} bytes \
+         the transport can carry; no reducer could ever receive it. Make the rows `map` \
+         returns smaller, or raise the gRPC message limit (tuning.grpc_max_message_bytes)"
+    )]
+    RowOverPayloadLimit {
+        /// Shuffle index of the row.
+        shuffle_row_index: i64,
+        /// Its reducer.
+        reducer_index: u32,
+        /// Bytes of a response holding only this row.
+        row_bytes: u64,
+        /// The window's limit.
+        max_payload_bytes: u64,
+    },
+
     /// The input end of a pushed batch lies before the window's input end.
     #[error(
         "input_end_row_index {input_end_row_index} is before the window's input end \

@@ -12,6 +12,7 @@ pub mod error;
 pub mod ipc;
 pub mod partition;
 pub mod shared;
+pub mod size;
 pub mod window;
 
 pub use bucket::Bucket;

@@ -73,13 +73,15 @@ impl SharedWindow {
         Ok(f(&self.lock()?.window))
     }
 
-    /// [`Window::push`]; the batch is grouped by reducer without holding the lock.
+    /// [`Window::push`]; the batch is grouped by reducer without holding the lock. See
+    /// [`PreparedEntry::build`] for `held_bytes`.
     pub fn push(
         &self,
         batch: RecordBatch,
         reducer_indices: &dyn Array,
         input_end_row_index: i64,
         continuation_token: Vec<u8>,
+        held_bytes: Option<u64>,
     ) -> Result<(i64, i64)> {
         let _pushing = self.push_lock.lock().map_err(|_| Error::Poisoned)?;
         let ctx = {
@@ -95,6 +97,7 @@ impl SharedWindow {
             reducer_indices,
             input_end_row_index,
             continuation_token,
+            held_bytes,
         )?;
         let mut inner = self.lock()?;
         if inner.closed {

@@ -8,7 +8,8 @@
 //! order. Per row the entry keeps a `u32` offset back to shuffle order (the `take` indices
 //! themselves); per entry, `num_reducers + 1` slice boundaries. `GetRows` then hands out
 //! zero-copy slices and the IPC encoder copies them once. A batch already grouped by reducer
-//! (one reducer, or sorted keys) is kept as is, without a copy.
+//! (one reducer, or sorted keys) is kept as is, without a copy, unless it is a small slice
+//! of larger buffers (see Memory).
 //!
 //! # Committed indices
 //!
@@ -25,12 +26,24 @@
 //!
 //! # Memory
 //!
-//! `buffered_bytes` counts the Arrow buffers of every entry (as
-//! `RecordBatch::get_array_memory_size` reports them) plus the index: 4 bytes per row,
-//! `4 * (num_reducers + 1)` bytes and the continuation token per entry, and the entry
-//! header. Pushing never blocks; the caller waits for room (see
+//! `buffered_bytes` counts the memory every entry keeps allocated: its Arrow buffers, each
+//! allocation once however many columns share it ([`size::held_bytes`]), plus the index: 4
+//! bytes per row, `4 * (num_reducers + 1)` bytes and the continuation token per entry, and
+//! the entry header. A batch kept without a copy keeps its whole buffers alive, so a batch
+//! whose buffers hold more than [`COMPACT_RATIO`] times its rows' own bytes (a slice of a
+//! larger batch) is copied into buffers of its own first: the entry then holds, and frees
+//! when trimmed, what it is charged. Pushing never blocks; the caller waits for room (see
 //! [`SharedWindow`](crate::SharedWindow)). A single batch larger than the limit on its own is
 //! an error, since no amount of waiting makes room for it.
+//!
+//! # GetRows bytes
+//!
+//! A response is capped by the bytes of its IPC stream, counted per row returned
+//! ([`size::IpcOverhead`]): fixed widths, each row's own string/binary/list lengths, and
+//! every message header. The cap gives way for one row, so a row larger than the cap still
+//! moves; a row that could not fit `max_payload_bytes` (what the transport can carry) at
+//! all is refused at push ([`Error::RowOverPayloadLimit`]), since no reducer could ever
+//! receive it.
 //!
 //! # Schema
 //!
@@ -43,14 +56,25 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
+use arrow_array::{make_array, RecordBatchOptions};
 use arrow_array::{Array, ArrowPrimitiveType, RecordBatch, UInt32Array};
 use arrow_buffer::ScalarBuffer;
+use arrow_data::transform::MutableArrayData;
 use arrow_schema::{DataType, Schema, SchemaRef};
 use arrow_select::take::take_record_batch;
 
 use crate::bucket::Bucket;
 use crate::error::{Error, Result};
 use crate::ipc::{self, IpcPayload};
+use crate::size::{self, IpcOverhead};
+
+/// A batch kept without a copy is copied when its buffers hold more than this many times
+/// its rows' own bytes (plus [`COMPACT_SLACK_BYTES`]).
+pub const COMPACT_RATIO: u64 = 2;
+
+/// Buffers up to this many bytes beyond `COMPACT_RATIO` times a batch's own bytes are not
+/// worth a copy.
+pub const COMPACT_SLACK_BYTES: u64 = 64 * 1024;
 
 /// The local mapper state (thesis 4.3.2 fields): where the untrimmed input begins.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -70,6 +94,9 @@ pub struct WindowOptions {
     pub num_reducers: u32,
     /// Buffered bytes above which `wait_for_room` blocks.
     pub memory_limit_bytes: u64,
+    /// Largest IPC stream one GetRows response may be (what the transport can carry, less
+    /// its envelope); `u64::MAX` for no limit. A row that alone would exceed it is refused.
+    pub max_payload_bytes: u64,
     /// The persisted mapper state the mapper starts from.
     pub initial_state: LocalMapperState,
 }
@@ -89,8 +116,6 @@ struct WindowEntry {
     shuffle_offsets: ScalarBuffer<u32>,
     bucket_pointer_count: u32,
     bytes: u64,
-    /// Average Arrow bytes per row, at least 1; used for the `max_bytes` budget.
-    row_bytes: u64,
 }
 
 impl WindowEntry {
@@ -112,6 +137,8 @@ impl WindowEntry {
 pub struct PushContext {
     num_reducers: u32,
     memory_limit_bytes: u64,
+    max_payload_bytes: u64,
+    ipc: Option<IpcOverhead>,
     shuffle_begin: i64,
     input_begin: i64,
     schema: Option<SchemaRef>,
@@ -124,6 +151,7 @@ pub struct PreparedEntry {
     entry: WindowEntry,
     kept_rows_per_reducer: Vec<u32>,
     schema: Option<SchemaRef>,
+    ipc: Option<IpcOverhead>,
     input_begin: i64,
 }
 
@@ -157,6 +185,7 @@ impl Rows {
 pub struct Window {
     num_reducers: u32,
     memory_limit_bytes: u64,
+    max_payload_bytes: u64,
     entries: VecDeque<WindowEntry>,
     first_entry_index: u64,
     buckets: Vec<Bucket>,
@@ -164,6 +193,7 @@ pub struct Window {
     input_end_row_index: i64,
     shuffle_end_row_index: i64,
     schema: Option<SchemaRef>,
+    ipc: Option<IpcOverhead>,
     buffered_bytes: u64,
     buffered_rows: u64,
 }
@@ -174,6 +204,7 @@ impl Window {
         let WindowOptions {
             num_reducers,
             memory_limit_bytes,
+            max_payload_bytes,
             initial_state,
         } = options;
         if num_reducers == 0 || num_reducers > i32::MAX as u32 {
@@ -191,6 +222,7 @@ impl Window {
         Ok(Self {
             num_reducers,
             memory_limit_bytes,
+            max_payload_bytes,
             entries: VecDeque::new(),
             first_entry_index: 0,
             buckets: vec![Bucket::new(); num_reducers as usize],
@@ -198,6 +230,7 @@ impl Window {
             shuffle_end_row_index: initial_state.shuffle_unread_row_index,
             local_state: initial_state,
             schema: None,
+            ipc: None,
             buffered_bytes: 0,
             buffered_rows: 0,
         })
@@ -218,6 +251,7 @@ impl Window {
             reducer_indices,
             input_end_row_index,
             continuation_token,
+            None,
         )?;
         self.append(prepared)
     }
@@ -227,6 +261,8 @@ impl Window {
         PushContext {
             num_reducers: self.num_reducers,
             memory_limit_bytes: self.memory_limit_bytes,
+            max_payload_bytes: self.max_payload_bytes,
+            ipc: self.ipc,
             shuffle_begin: self.shuffle_end_row_index,
             input_begin: self.input_end_row_index,
             schema: self.schema.clone(),
@@ -240,6 +276,7 @@ impl Window {
             mut entry,
             kept_rows_per_reducer,
             schema,
+            ipc,
             input_begin,
         } = prepared;
         if entry.shuffle_begin != self.shuffle_end_row_index
@@ -254,6 +291,9 @@ impl Window {
         }
         if self.schema.is_none() {
             self.schema = schema;
+        }
+        if self.ipc.is_none() {
+            self.ipc = ipc;
         }
         let index = self.first_entry_index + self.entries.len() as u64;
         for (bucket, &kept) in self.buckets.iter_mut().zip(&kept_rows_per_reducer) {
@@ -390,8 +430,10 @@ impl Window {
         trimmed
     }
 
-    /// Up to `max_rows` rows (and about `max_bytes`, but at least one row if any) from the
-    /// front of the reducer's bucket, without removing them.
+    /// Up to `max_rows` rows from the front of the reducer's bucket whose IPC stream takes
+    /// at most `max_bytes` (and `max_payload_bytes`), but at least one row if any, without
+    /// removing them. Bytes are counted per row taken, so the cap holds whatever the sizes
+    /// of other reducers' rows.
     pub fn peek_rows(&self, reducer_index: i64, max_rows: i64, max_bytes: i64) -> Result<Rows> {
         let reducer = self.check_reducer(reducer_index)?;
         if max_rows < 0 || max_bytes < 0 {
@@ -409,8 +451,12 @@ impl Window {
                 .clone()
                 .unwrap_or_else(|| Arc::new(Schema::empty())),
         };
+        let Some(ipc) = self.ipc else {
+            return Ok(rows);
+        };
+        let limit = (max_bytes as u64).min(self.max_payload_bytes);
+        let mut used = ipc.stream_bytes;
         let mut remaining = bucket.len.min(max_rows as u64);
-        let mut budget = max_bytes as u64;
         let mut position = bucket.position as usize;
         let mut at = (bucket
             .first_entry_index
@@ -420,24 +466,43 @@ impl Window {
             let range = entry.reducer_range(reducer);
             let available = range.len() - position;
             if available > 0 {
-                let mut take = (available as u64).min(remaining);
-                let affordable = budget / entry.row_bytes;
-                take = take.min(if rows.row_count == 0 {
-                    affordable.max(1)
+                let start = range.start + position;
+                let batch = entry.rows.as_ref().expect("an entry with rows");
+                let wanted = (available as u64).min(remaining) as usize;
+                let cost = |n: usize| {
+                    used + ipc.batch_bytes + size::ipc_body_bytes(batch, start..start + n)
+                };
+                let take = if cost(wanted) <= limit {
+                    wanted
                 } else {
-                    affordable
-                });
+                    // The largest count that fits: costs grow with the count.
+                    let (mut fits, mut over) = (0, wanted);
+                    while over - fits > 1 {
+                        let mid = fits + (over - fits) / 2;
+                        if cost(mid) <= limit {
+                            fits = mid;
+                        } else {
+                            over = mid;
+                        }
+                    }
+                    if fits == 0 && rows.row_count == 0 {
+                        1
+                    } else {
+                        fits
+                    }
+                };
                 if take == 0 {
                     break;
                 }
-                let start = range.start + position;
-                let batch = entry.rows.as_ref().expect("an entry with rows");
-                rows.batches.push(batch.slice(start, take as usize));
-                rows.last_shuffle_row_index = entry.shuffle_begin
-                    + i64::from(entry.shuffle_offsets[start + take as usize - 1]);
-                rows.row_count += take;
-                remaining -= take;
-                budget = budget.saturating_sub(take * entry.row_bytes);
+                used = cost(take);
+                rows.batches.push(batch.slice(start, take));
+                rows.last_shuffle_row_index =
+                    entry.shuffle_begin + i64::from(entry.shuffle_offsets[start + take - 1]);
+                rows.row_count += take as u64;
+                remaining -= take as u64;
+                if take < wanted {
+                    break;
+                }
             }
             at += 1;
             position = 0;
@@ -516,6 +581,16 @@ impl Window {
         self.buffered_bytes
     }
 
+    /// Bytes charged for every entry (Arrow buffers and index), front first.
+    pub fn entry_bytes(&self) -> Vec<u64> {
+        self.entries.iter().map(|e| e.bytes).collect()
+    }
+
+    /// The largest GetRows payload the window serves.
+    pub fn max_payload_bytes(&self) -> u64 {
+        self.max_payload_bytes
+    }
+
     /// Index bytes (everything but Arrow buffers) held by the window's entries.
     pub fn index_bytes(&self) -> u64 {
         self.entries.iter().map(index_bytes).sum()
@@ -569,12 +644,18 @@ impl PreparedEntry {
     /// (any integer type, no nulls); the entry covers input rows up to
     /// `input_end_row_index` and resumes reading at `continuation_token`. Rows at or below
     /// their reducer's watermark are dropped here.
+    ///
+    /// `held_bytes` is the memory the batch's buffers keep allocated when its producer knows
+    /// more than the buffers show: a slice imported through the Arrow C data interface
+    /// keeps its parents' whole buffers alive, but shows only their part up to its last
+    /// row. `None` for batches built in Rust.
     pub fn build(
         ctx: PushContext,
         batch: RecordBatch,
         reducer_indices: &dyn Array,
         input_end_row_index: i64,
         continuation_token: Vec<u8>,
+        held_bytes: Option<u64>,
     ) -> Result<Self> {
         let n = batch.num_rows();
         if reducer_indices.len() != n {
@@ -631,11 +712,17 @@ impl PreparedEntry {
         }
         let kept = counts[num_reducers] as usize;
 
+        // What the producer says the batch holds, if the entry keeps the batch as pushed.
+        let mut kept_held = 0;
         let (rows, shuffle_offsets, reducer_offsets) = if kept == 0 {
             (None, ScalarBuffer::from(Vec::new()), Box::default())
         } else if sorted {
+            let (rows, copied) = compact_if_sparse(batch, held_bytes)?;
+            if !copied {
+                kept_held = held_bytes.unwrap_or(0);
+            }
             (
-                Some(batch),
+                Some(rows),
                 ScalarBuffer::from_iter(0..n32),
                 counts.into_boxed_slice(),
             )
@@ -654,7 +741,24 @@ impl PreparedEntry {
             let grouped = take_record_batch(&batch, &UInt32Array::new(order.clone(), None))?;
             (Some(grouped), order, counts.into_boxed_slice())
         };
-        let arrow_bytes = rows.as_ref().map_or(0, |b| b.get_array_memory_size()) as u64;
+        let ipc = match (ctx.ipc, &schema) {
+            (Some(ipc), _) => Some(ipc),
+            (None, Some(schema)) => Some(IpcOverhead::of(schema)?),
+            (None, None) => None,
+        };
+        if let (Some(rows), Some(ipc)) = (&rows, &ipc) {
+            check_row_sizes(
+                rows,
+                ipc,
+                ctx.max_payload_bytes,
+                &reducer_offsets,
+                &shuffle_offsets,
+                shuffle_begin,
+            )?;
+        }
+        let arrow_bytes = rows
+            .as_ref()
+            .map_or(0, |rows| size::held_bytes(rows).max(kept_held));
         let mut entry = WindowEntry {
             input_end_row_index,
             shuffle_begin,
@@ -665,11 +769,6 @@ impl PreparedEntry {
             shuffle_offsets,
             bucket_pointer_count: 0,
             bytes: 0,
-            row_bytes: if kept == 0 {
-                1
-            } else {
-                (arrow_bytes / kept as u64).max(1)
-            },
         };
         entry.bytes = arrow_bytes + index_bytes(&entry);
         if entry.bytes > ctx.memory_limit_bytes {
@@ -682,9 +781,67 @@ impl PreparedEntry {
             entry,
             kept_rows_per_reducer,
             schema,
+            ipc,
             input_begin: ctx.input_begin,
         })
     }
+}
+
+/// Refuses a batch with a row whose IPC stream alone would exceed `max_payload_bytes`.
+fn check_row_sizes(
+    rows: &RecordBatch,
+    ipc: &IpcOverhead,
+    max_payload_bytes: u64,
+    reducer_offsets: &[u32],
+    shuffle_offsets: &[u32],
+    shuffle_begin: i64,
+) -> Result<()> {
+    let n = rows.num_rows();
+    // A row never takes more than the whole batch.
+    if ipc.stream_of(rows, 0..n) <= max_payload_bytes {
+        return Ok(());
+    }
+    for (i, &offset) in shuffle_offsets.iter().enumerate().take(n) {
+        let row_bytes = ipc.stream_of(rows, i..i + 1);
+        if row_bytes > max_payload_bytes {
+            let reducer = reducer_offsets.partition_point(|&o| o as usize <= i) - 1;
+            return Err(Error::RowOverPayloadLimit {
+                shuffle_row_index: shuffle_begin + i64::from(offset),
+                reducer_index: reducer as u32,
+                row_bytes,
+                max_payload_bytes,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `batch`, copied into buffers of its own when its buffers hold much more than its rows
+/// (a slice of a larger batch), so that trimming its entry frees what it was charged; and
+/// whether it was copied.
+fn compact_if_sparse(batch: RecordBatch, held_bytes: Option<u64>) -> Result<(RecordBatch, bool)> {
+    let rows = batch.num_rows();
+    let own = size::ipc_body_bytes(&batch, 0..rows);
+    let held = size::held_bytes(&batch).max(held_bytes.unwrap_or(0));
+    if held <= COMPACT_RATIO * own + COMPACT_SLACK_BYTES {
+        return Ok((batch, false));
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let data = c.to_data();
+            let mut copy = MutableArrayData::new(vec![&data], false, rows);
+            copy.try_extend(0, 0, rows)?;
+            Ok(make_array(copy.freeze()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let copy = RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?;
+    Ok((copy, true))
 }
 
 fn reducer_indices_u32(array: &dyn Array, num_reducers: u32) -> Result<Vec<u32>> {
@@ -776,6 +933,6 @@ fn conform(ours: &SchemaRef, batch: RecordBatch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new_with_options(
         ours.clone(),
         batch.columns().to_vec(),
-        &arrow_array::RecordBatchOptions::new().with_row_count(Some(rows)),
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
     )?)
 }

@@ -1,12 +1,13 @@
 //! Model test: random pushes and GetRows calls against a plain reference model of the
 //! thesis algorithm (explicit per-reducer queues), checked step by step.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, UInt32Array};
 use arrow_buffer::Buffer;
+use millstream_core::window::{COMPACT_RATIO, COMPACT_SLACK_BYTES};
 use millstream_core::{ipc, Error, LocalMapperState, Window, WindowOptions};
 use proptest::prelude::*;
 
@@ -15,6 +16,8 @@ enum Op {
     Push {
         reducers: Vec<u32>,
         input_advance: i64,
+        /// Push a zero-copy slice of a large batch (as `map` passing its input through).
+        slice: bool,
     },
     GetRows {
         reducer: u32,
@@ -28,8 +31,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (prop::collection::vec(0u32..8, 0..20), 0i64..5)
-            .prop_map(|(reducers, input_advance)| Op::Push { reducers, input_advance }),
+        3 => (prop::collection::vec(0u32..8, 0..20), 0i64..5, any::<bool>())
+            .prop_map(|(reducers, input_advance, slice)| Op::Push { reducers, input_advance, slice }),
         2 => (0u32..8, -3i64..25, 0i64..12, any::<bool>()).prop_map(
             |(reducer, committed_delta, max_rows, small_bytes)| Op::GetRows {
                 reducer,
@@ -147,6 +150,23 @@ fn batch(begin: i64, n: usize) -> RecordBatch {
     RecordBatch::try_from_iter([("v", v), ("s", s)]).unwrap()
 }
 
+/// Rows 0..PARENT_ROWS, of which pushes take slices (row i holds shuffle index i).
+const PARENT_ROWS: usize = 100_000;
+
+fn parent() -> &'static RecordBatch {
+    static PARENT: OnceLock<RecordBatch> = OnceLock::new();
+    PARENT.get_or_init(|| batch(0, PARENT_ROWS))
+}
+
+/// Upper bound of what an entry of `rows` rows of [`batch`] may be charged: its rows' own
+/// bytes (int64, an offset and at most 9 string bytes each, padded), twice over when kept
+/// without a copy, plus the index.
+fn entry_bytes_bound(rows: u64, num_reducers: u32, token: usize) -> u64 {
+    let own = 21 * rows + 4 * 8;
+    let index = 4 * rows + 4 * u64::from(num_reducers + 1) + token as u64 + 512;
+    COMPACT_RATIO * own + COMPACT_SLACK_BYTES + index
+}
+
 fn values(batches: &[RecordBatch]) -> Vec<i64> {
     batches
         .iter()
@@ -168,6 +188,18 @@ fn check(window: &Window, model: &Model) {
     assert_eq!(window.shuffle_end_row_index(), model.shuffle_end);
     assert_eq!(window.buffered_rows(), model.buffered_rows());
     assert_eq!(window.buffered_bytes() == 0, model.entries.is_empty());
+    // Memory: every entry is charged what it holds (its rows, not the buffers it was sliced
+    // from), and trimming frees exactly what entries were charged.
+    let charged = window.entry_bytes();
+    assert_eq!(charged.iter().sum::<u64>(), window.buffered_bytes());
+    for (e, &bytes) in model.entries.iter().zip(&charged) {
+        let bound = entry_bytes_bound(e.rows.len() as u64, model.num_reducers, e.token.len());
+        assert!(
+            bytes <= bound,
+            "entry of {} rows charged {bytes} bytes, more than {bound}",
+            e.rows.len()
+        );
+    }
     for r in 0..model.num_reducers {
         let q = &model.queue[r as usize];
         assert_eq!(window.pending_shuffle_indices(i64::from(r)).unwrap(), *q);
@@ -184,6 +216,7 @@ fn run(num_reducers: u32, start: i64, ops: Vec<Op>) {
     let mut window = Window::new(WindowOptions {
         num_reducers,
         memory_limit_bytes: u64::MAX,
+        max_payload_bytes: u64::MAX,
         initial_state: initial.clone(),
     })
     .unwrap();
@@ -203,13 +236,20 @@ fn run(num_reducers: u32, start: i64, ops: Vec<Op>) {
             Op::Push {
                 reducers,
                 input_advance,
+                slice,
             } => {
                 let reducers: Vec<u32> = reducers.into_iter().map(|r| r % num_reducers).collect();
                 let input_end = model.input_end + input_advance;
                 let token = input_end.to_le_bytes().to_vec();
+                let begin = model.shuffle_end as usize;
+                let rows = if slice && begin + reducers.len() <= PARENT_ROWS {
+                    parent().slice(begin, reducers.len())
+                } else {
+                    batch(model.shuffle_end, reducers.len())
+                };
                 let range = window
                     .push(
-                        batch(model.shuffle_end, reducers.len()),
+                        rows,
                         &UInt32Array::from(reducers.clone()),
                         input_end,
                         token.clone(),
@@ -328,6 +368,7 @@ fn restarted_mapper_never_returns_rows_reducers_committed() {
             Op::Push {
                 reducers: vec![0, 1, 0, 0, 1, 0, 0, 0],
                 input_advance: 3,
+                slice: true,
             },
             Op::CommitReturned {
                 reducer: 0,

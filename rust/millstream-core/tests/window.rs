@@ -11,6 +11,7 @@ fn window(num_reducers: u32, memory_limit_bytes: u64) -> Window {
     Window::new(WindowOptions {
         num_reducers,
         memory_limit_bytes,
+        max_payload_bytes: u64::MAX,
         initial_state: LocalMapperState::default(),
     })
     .unwrap()
@@ -117,7 +118,7 @@ fn waiters_wake_when_reducers_commit_or_the_window_closes() {
     assert_eq!(waiter.join().unwrap(), Room::Available);
 
     shared
-        .push(rows(10), &spread(10, 1), 2, Vec::new())
+        .push(rows(10), &spread(10, 1), 2, Vec::new(), None)
         .unwrap();
     assert!(!shared.with(Window::has_room).unwrap());
     let waiter = {
@@ -127,7 +128,7 @@ fn waiters_wake_when_reducers_commit_or_the_window_closes() {
     shared.close().unwrap();
     assert_eq!(waiter.join().unwrap(), Room::Closed);
     assert!(matches!(
-        shared.push(rows(1), &spread(1, 1), 3, Vec::new()),
+        shared.push(rows(1), &spread(1, 1), 3, Vec::new(), None),
         Err(Error::Closed)
     ));
 }
@@ -149,7 +150,7 @@ fn concurrent_push_and_get_rows_deliver_every_row_once() {
                 let reducers =
                     UInt32Array::from_iter_values((b * 500..(b + 1) * 500).map(|i| (i % 3) as u32));
                 shared
-                    .push(batch, &reducers, (b + 1) * 500, Vec::new())
+                    .push(batch, &reducers, (b + 1) * 500, Vec::new(), None)
                     .unwrap();
                 while shared
                     .wait_for_room(Some(Duration::from_millis(10)))
@@ -190,4 +191,125 @@ fn concurrent_push_and_get_rows_deliver_every_row_once() {
         .unwrap();
     assert_eq!(w.0, 0);
     assert_eq!(w.1.shuffle_unread_row_index, total);
+}
+
+/// Rows for reducer 0 of `big` bytes each, one in `every`; the others small, for reducer 1.
+fn skewed(n: usize, every: usize, big: usize) -> (RecordBatch, UInt32Array) {
+    let s: ArrayRef = Arc::new(StringArray::from_iter_values((0..n).map(|i| {
+        if i % every == 0 {
+            "x".repeat(big)
+        } else {
+            format!("{i}")
+        }
+    })));
+    let v: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n as i64));
+    let reducers = UInt32Array::from_iter_values((0..n).map(|i| u32::from(i % every != 0)));
+    (
+        RecordBatch::try_from_iter([("v", v), ("s", s)]).unwrap(),
+        reducers,
+    )
+}
+
+#[test]
+fn get_rows_byte_cap_holds_with_skewed_row_sizes() {
+    // Reducer 0's rows are 100 KB each, reducer 1's a few bytes: the average row is ~5 KB.
+    let (batch, reducers) = skewed(4_000, 20, 100_000);
+    let mut w = window(2, u64::MAX);
+    w.push(batch, &reducers, 1, Vec::new()).unwrap();
+    let cap = 1 << 20;
+    let (mut committed, mut seen, mut responses) = (-1, 0, 0);
+    loop {
+        let rows = w.get_rows(0, committed, i64::MAX, cap).unwrap();
+        if rows.is_empty() {
+            break;
+        }
+        let payload = rows.to_ipc().unwrap().len() as i64;
+        assert!(payload <= cap, "{} rows in {payload} bytes", rows.row_count);
+        assert!(rows.row_count >= 9, "only {} rows fit", rows.row_count);
+        seen += rows.row_count;
+        committed = rows.last_shuffle_row_index;
+        responses += 1;
+    }
+    assert_eq!((seen, responses), (200, 20));
+    // Reducer 1's small rows are not held back by reducer 0's large ones.
+    let rows = w.get_rows(1, -1, i64::MAX, 64 * 1024).unwrap();
+    assert!(rows.to_ipc().unwrap().len() <= 64 * 1024);
+    assert!(rows.row_count > 1_000, "{} rows", rows.row_count);
+}
+
+#[test]
+fn a_row_larger_than_the_cap_is_returned_alone() {
+    let (batch, reducers) = skewed(100, 10, 50_000);
+    let mut w = window(2, u64::MAX);
+    w.push(batch, &reducers, 1, Vec::new()).unwrap();
+    let rows = w.get_rows(0, -1, 100, 1_000).unwrap();
+    assert_eq!((rows.row_count, rows.last_shuffle_row_index), (1, 0));
+    let rows = w.get_rows(0, 0, 100, 1_000).unwrap();
+    assert_eq!((rows.row_count, rows.last_shuffle_row_index), (1, 10));
+}
+
+#[test]
+fn a_row_over_the_payload_limit_is_refused_at_push() {
+    let (batch, reducers) = skewed(100, 10, 50_000);
+    let mut w = Window::new(WindowOptions {
+        num_reducers: 2,
+        memory_limit_bytes: u64::MAX,
+        max_payload_bytes: 40_000,
+        initial_state: LocalMapperState::default(),
+    })
+    .unwrap();
+    let e = w.push(batch, &reducers, 1, Vec::new()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::RowOverPayloadLimit {
+                shuffle_row_index: 0,
+                reducer_index: 0,
+                max_payload_bytes: 40_000,
+                row_bytes,
+            } if row_bytes > 50_000
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("grpc_max_message_bytes"), "{e}");
+    assert_eq!((w.num_entries(), w.shuffle_end_row_index()), (0, 0));
+    // Rows that fit are served within the limit, whatever the caller's cap.
+    let (batch, reducers) = skewed(100, 10, 30_000);
+    w.push(batch, &reducers, 1, Vec::new()).unwrap();
+    let rows = w.get_rows(0, -1, 100, i64::MAX).unwrap();
+    assert_eq!(rows.row_count, 1);
+    assert!(rows.to_ipc().unwrap().len() <= 40_000);
+}
+
+#[test]
+fn a_small_slice_of_a_large_batch_is_charged_its_own_bytes() {
+    // 160,000 rows of ~100 bytes (16 MB); a window of 1 MiB takes a 16 KB slice of them.
+    let big = rows(160_000);
+    let mut w = window(1, 1 << 20);
+    let slice = big.slice(100_000, 160);
+    w.push(slice.clone(), &spread(160, 1), 1, Vec::new())
+        .unwrap();
+    assert!(w.buffered_bytes() < 64 * 1024, "{}", w.buffered_bytes());
+    let got = w.get_rows(0, -1, 1_000, i64::MAX).unwrap();
+    assert_eq!(got.batches, vec![slice]);
+}
+
+#[test]
+fn slices_of_one_batch_are_charged_once_in_total() {
+    let big = rows(160_000);
+    let mut probe = window(1, u64::MAX);
+    probe
+        .push(big.clone(), &spread(160_000, 1), 1, Vec::new())
+        .unwrap();
+    let whole = probe.buffered_bytes();
+    let mut w = window(1, u64::MAX);
+    for k in 0..8 {
+        let part = big.slice(k * 20_000, 20_000);
+        w.push(part, &spread(20_000, 1), 1, Vec::new()).unwrap();
+    }
+    assert!(
+        w.buffered_bytes() <= whole + whole / 10,
+        "8 slices charged {} bytes, the whole batch {whole}",
+        w.buffered_bytes()
+    );
 }

@@ -75,6 +75,7 @@ impl From<BindingError> for PyErr {
             | Error::LengthMismatch { .. }
             | Error::InvalidReducerIndices(_)
             | Error::InputIndexBackwards { .. }
+            | Error::RowOverPayloadLimit { .. }
             | Error::Closed
             | Error::Poisoned => WindowError::new_err(message),
             Error::KeyColumnNotFound { .. }

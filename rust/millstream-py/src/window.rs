@@ -35,10 +35,13 @@ impl PyWindow {
         input_unread_row_index = 0,
         shuffle_unread_row_index = 0,
         continuation_token = b"".as_slice(),
+        *,
+        max_payload_bytes = u64::MAX,
     ))]
     #[pyo3(
         text_signature = "(num_reducers, memory_limit_bytes, input_unread_row_index=0, \
-                              shuffle_unread_row_index=0, continuation_token=b'')"
+                              shuffle_unread_row_index=0, continuation_token=b'', *, \
+                              max_payload_bytes=2**64 - 1)"
     )]
     fn new(
         num_reducers: u32,
@@ -46,10 +49,12 @@ impl PyWindow {
         input_unread_row_index: i64,
         shuffle_unread_row_index: i64,
         continuation_token: &[u8],
+        max_payload_bytes: u64,
     ) -> BindingResult<Self> {
         let window = Window::new(WindowOptions {
             num_reducers,
             memory_limit_bytes,
+            max_payload_bytes,
             initial_state: LocalMapperState {
                 input_unread_row_index,
                 shuffle_unread_row_index,
@@ -64,17 +69,28 @@ impl PyWindow {
     fn push(
         &self,
         py: Python<'_>,
-        batch: PyRecordBatch,
+        batch: &Bound<'_, PyAny>,
         reducer_indices: PyArray,
         input_end_row_index: i64,
         continuation_token: PyBackedBytes,
     ) -> BindingResult<(i64, i64)> {
-        let batch = batch.into_inner();
+        // A pyarrow slice keeps its parents' whole buffers alive, which the C data
+        // interface does not show; pyarrow counts them (each buffer once).
+        let held_bytes = batch
+            .call_method0(pyo3::intern!(py, "get_total_buffer_size"))
+            .and_then(|n| n.extract::<u64>())
+            .ok();
+        let batch = batch.extract::<PyRecordBatch>()?.into_inner();
         let (indices, _) = reducer_indices.into_inner();
         let token = continuation_token.to_vec();
         Ok(detached(py, || {
-            self.inner
-                .push(batch, indices.as_ref(), input_end_row_index, token)
+            self.inner.push(
+                batch,
+                indices.as_ref(),
+                input_end_row_index,
+                token,
+                held_bytes,
+            )
         })??)
     }
 
@@ -157,6 +173,11 @@ impl PyWindow {
     #[getter]
     fn memory_limit_bytes(&self) -> BindingResult<u64> {
         self.read(Window::memory_limit_bytes)
+    }
+
+    #[getter]
+    fn max_payload_bytes(&self) -> BindingResult<u64> {
+        self.read(Window::max_payload_bytes)
     }
 
     #[getter]

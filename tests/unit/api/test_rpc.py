@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -87,6 +88,51 @@ def test_response_is_capped_by_bytes(served: tuple[WindowHandler, str]) -> None:
     assert isinstance(result, GetRowsResult)
     assert 0 < result.row_count < 500
     assert result.last_shuffle_row_index == 2 * result.row_count - 1
+
+
+class SkewedHandler:
+    """A window whose reducer 0 gets one 100 KB row in 20 and reducer 1 small rows."""
+
+    ROWS, EVERY = 4_000, 20
+
+    def __init__(self) -> None:
+        self.window = _core.Window(2, 1 << 30)
+        n, every = self.ROWS, self.EVERY
+        strings = ["x" * 100_000 if i % every == 0 else str(i) for i in range(n)]
+        batch = pa.record_batch({"v": pa.array(range(n), pa.int64()), "s": pa.array(strings)})
+        reducers = pa.array([0 if i % every == 0 else 1 for i in range(n)], pa.int32())
+        self.window.push(batch, reducers, n, b"t")
+
+    def handle_get_rows(
+        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+    ) -> tuple[int, int, bytes]:
+        return self.window.get_rows(reducer_index, committed, max_rows, max_bytes)
+
+
+def test_byte_cap_holds_for_skewed_row_sizes() -> None:
+    """The cap counts the rows returned, not an average over every reducer's rows: each
+    response stays within it (and the gRPC limit), and the reducer drains its large rows."""
+    limit, cap = 4 << 20, 1 << 20
+    server = RowsServer(SkewedHandler(), "127.0.0.1:0", limit, 2 << 20)
+    client = GrpcRowsClient(5.0, limit)
+    address = f"127.0.0.1:{server.port}"
+    committed, values, sizes = -1, [], []
+    try:
+        for _ in range(100):
+            call = _call(address, reducer_index=0, committed_row_index=committed, max_rows=10**6)
+            (result,) = client.get_rows_many([dataclasses.replace(call, max_bytes=cap)])
+            assert isinstance(result, GetRowsResult), result
+            if result.row_count == 0:
+                break
+            sizes.append(len(result.arrow_ipc))
+            values += _core.decode_ipc([result.arrow_ipc])["v"].to_pylist()
+            committed = result.last_shuffle_row_index
+    finally:
+        client.close()
+        server.stop(0)
+    assert values == list(range(0, SkewedHandler.ROWS, SkewedHandler.EVERY))
+    assert max(sizes) <= cap, sizes
+    assert len(sizes) == 20, sizes  # nine or ten 100 KB rows per response, not one
 
 
 def test_stale_guid_is_failed_precondition(served: tuple[WindowHandler, str]) -> None:

@@ -25,11 +25,12 @@ from millstream.state import Store, decode_int64, encode_int64, open_store
 from millstream.state.limits import StoreLimits
 from millstream.state.records import (
     OUTPUT,
+    list_workers,
     read_mapper_state,
     read_reducer_state,
     register_worker,
 )
-from millstream.workers import ManualClock, MapperWorker, ReducerWorker
+from millstream.workers import Heartbeat, ManualClock, MapperWorker, ReducerWorker
 from worker_fixtures import (
     BATCH_ROWS,
     ROWS_PER_PARTITION,
@@ -341,6 +342,18 @@ def test_a_batch_over_the_memory_limit_is_a_configuration_error(tmp_path: Path) 
     c.store.close()
 
 
+def test_a_row_no_get_rows_response_can_carry_stops_the_mapper(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, _tables(), grpc_max_message_bytes=250, get_rows_max_bytes=200)
+    mapper = c.mappers[0]
+    with pytest.raises(UserCodeError, match=r"takes \d+ bytes in a GetRows response") as caught:
+        mapper.ingest_once()
+    assert "more than the largest response of 186 bytes" in str(caught.value)
+    assert "tuning.grpc_max_message_bytes" in str(caught.value)
+    assert mapper.window is not None
+    assert mapper.window.input_end_row_index == 0
+    c.store.close()
+
+
 def test_user_classes_get_their_spec_and_config(tmp_path: Path) -> None:
     c = Cluster(tmp_path, _tables(), config={"answer": 42})
     mapper, reducer = c.mappers[1], c.reducers[0]
@@ -459,14 +472,24 @@ class SlowCountRows(CountRows):
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
         txn.get(("n", 0))  # a read: the transaction's clock is running
         self.config["clock"].advance(6.0)  # longer than the 5 s transaction limit
+        self.config["beat"]()  # the mappers' heartbeats go on meanwhile
         super().reduce(batch, txn)
 
 
 def test_a_reduce_longer_than_the_transaction_limit_commits(tmp_path: Path) -> None:
     c = Cluster(tmp_path, _tables(), reducer=SlowCountRows)
     c.store.clock = c.clock.now  # the store's 5 s limit runs on the test's clock
+    beats = [
+        Heartbeat(c.store, "mapper", m, w.guid, f"mapper-{m}-{w.guid}", 1.0, w.metrics)
+        for m, w in c.mappers.items()
+    ]
+
+    def beat_all() -> None:
+        for heartbeat in beats:
+            heartbeat.beat()
+
     for reducer in c.reducers.values():
-        reducer.user.config = {"clock": c.clock}
+        reducer.user.config = {"clock": c.clock, "beat": beat_all}
     c.run_to_end(limit=100)
     assert c.output() == _expected(c.tables)
     assert all(r.renewals >= r.commits > 0 for r in c.reducers.values())
@@ -505,3 +528,76 @@ def test_a_long_reduce_whose_reads_changed_meanwhile_is_not_committed(tmp_path: 
         txn.reset()
     assert c.reducers[0].split_brains >= 1
     c.store.close()
+
+
+def test_reducers_follow_the_newest_instance_whatever_the_clocks(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, _tables())
+    try:
+        old = cluster.mappers[0]
+        # The old instance's host clock runs an hour ahead: its last beat, before it died,
+        # carries a later time than anything the new instance writes.
+        skewed = cluster.clock.wall() + 3600
+        cluster.store.transact(
+            lambda txn: register_worker(txn, "mapper", 0, old.guid, f"mapper-0-{old.guid}", skewed)
+        )
+        cluster.handlers.pop(f"mapper-0-{old.guid}")
+        new = cluster.start_mapper(0)
+        new.ingest_once()
+        reducer = cluster.reducers[0]
+        assert reducer.run_once(), reducer.last_error
+        assert reducer.last_state is not None
+        assert reducer.last_state.committed_row_indices[0] >= 0
+    finally:
+        cluster.store.close()
+
+
+def test_a_zombie_that_beats_again_does_not_take_over(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, _tables())
+    try:
+        old = cluster.mappers[0]
+        address = f"mapper-0-{old.guid}"
+        zombie = Heartbeat(cluster.store, "mapper", 0, old.guid, address, 1.0, old.metrics)
+        zombie.beat()
+        new = cluster.start_mapper(0)  # supersedes the old entry (removes it)
+        zombie.beat()  # the old instance is still alive and re-creates its entry
+        cluster.handlers.pop(f"mapper-0-{old.guid}")  # ... and stops serving
+        new.ingest_once()
+        reducer = cluster.reducers[0]
+        assert reducer.run_once(), reducer.last_error
+        txn = cluster.store.create_transaction()
+        try:
+            entries = {w.guid: w for w in list_workers(txn, "mapper") if w.index == 0}
+        finally:
+            txn.reset()
+        assert entries[old.guid].registration < entries[new.guid].registration
+    finally:
+        cluster.store.close()
+
+
+def test_reducers_forget_mappers_that_stopped_beating(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, _tables())
+    try:
+        live = cluster.mappers[0]
+        dead = cluster.start_mapper(0)  # registers after the live one, then dies
+        cluster.handlers.pop(f"mapper-0-{dead.guid}")
+        cluster.mappers[0] = live
+        reducer = cluster.reducers[0]
+        for _ in range(11):  # past the ten heartbeat periods after which an entry is dead
+            # The live instance beats every second; the dead one's entry stays as it was.
+            cluster.clock.advance(1.0)
+            cluster.store.transact(
+                lambda txn: register_worker(
+                    txn, "mapper", 0, live.guid, f"mapper-0-{live.guid}", cluster.clock.wall()
+                )
+            )
+            live.ingest_once()
+            reducer.run_once()
+        assert reducer.last_state is not None
+        assert reducer.last_state.committed_row_indices[0] >= 0
+        txn = cluster.store.create_transaction()
+        try:
+            assert [w.guid for w in list_workers(txn, "mapper") if w.index == 0] == [live.guid]
+        finally:
+            txn.reset()
+    finally:
+        cluster.store.close()

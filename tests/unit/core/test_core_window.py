@@ -228,3 +228,31 @@ def test_repr_names_the_counts() -> None:
     w.push(ints(3), reducers(0, 1, 1), 3, b"")
     assert "num_reducers=2" in repr(w)
     assert "buffered_rows=3" in repr(w)
+
+
+def _wide(n: int) -> pa.RecordBatch:
+    return pa.record_batch(
+        {"v": pa.array(range(n), pa.int64()), "s": pa.array([f"{i:0>72}" for i in range(n)])}
+    )
+
+
+def test_a_pyarrow_slice_is_charged_what_it_holds_not_its_parent() -> None:
+    # 16 MB of rows; the window of 1 MiB takes a 16 KB slice from the middle of them.
+    big = _wide(200_000)
+    part = big.slice(100_000, 200)
+    w = Window(1, 1 << 20)
+    w.push(part, pa.array([0] * 200, pa.int32()), 1, b"")
+    assert w.buffered_bytes < 4 * part.nbytes
+    assert _core.decode_ipc([w.get_rows(0, -1, 1_000, 1 << 30)[2]]) == part
+
+
+def test_slices_of_one_parent_are_charged_about_the_parent_once() -> None:
+    big = _wide(200_000)
+    whole = Window(1, 1 << 34)
+    whole.push(big, pa.array([0] * 200_000, pa.int32()), 1, b"")
+    w = Window(1, 1 << 34)
+    for k in range(4):
+        w.push(big.slice(k * 50_000, 50_000), pa.array([0] * 50_000, pa.int32()), k + 1, b"")
+    # Each slice keeps its rows only (the parent stays with the caller): no part is
+    # charged for the parent's other rows, none is charged less than its own rows.
+    assert big.nbytes <= w.buffered_bytes <= whole.buffered_bytes * 1.1
