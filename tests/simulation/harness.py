@@ -1143,25 +1143,15 @@ class Simulation:
 
     # -- composite steps ----------------------------------------------------------------
 
-    def split_brain_race(
-        self, m: int, a_lead: bool, grow: int, stall: int | None, a_ingests: int
-    ) -> None:
-        """The sequence the mapper's split-brain check exists for (thesis 4.3.3 step 3).
+    def _b_overtakes_a(
+        self, m: int, a_lead: bool, grow: int
+    ) -> tuple[MapperInstance, MapperInstance]:
+        """Two live instances A (older) and B of mapper ``m``; B maps past A.
 
-        Two live instances A (older) and B of mapper ``m``, with the store, the partition
-        and the network up. With ``a_lead``, A first maps every full batch of the input so
-        far (and a row arrives if none is left). B then maps all there is, its last batch
-        cut short by the end of the input; the reducers commit everything, and ``grow``
-        more rows arrive. B persists its state and trims the input, B's entry leaves
-        discovery (its beats stop reaching the store) so the reducers turn to A, and A
-        ingests from where its stale window ends, below B's trim point, where there is now
-        more input than when that batch was first cut; the reducers fetch from A and
-        commit. With ``stall`` set, B's trim and the discovery change happen while A's
-        ingestion waits on its ``stall``-th store call instead of before it.
+        With ``a_lead``, A first maps every full batch of the input so far (and a row
+        arrives if none is left). B then maps all there is, its last batch cut short by the
+        end of the input; the reducers commit everything, and ``grow`` more rows arrive.
         """
-        self.plan.unavailable = False
-        self.partitions[m].unavailable = False
-        self.net.unreachable.discard(m)
         if len(self.mappers[m]) < 2:
             self.start_mapper(m)
         a, b = self.mappers[m][0], self.mappers[m][-1]
@@ -1186,6 +1176,28 @@ class Simulation:
             if not self.reduce_all():
                 break
         self.produce(m, grow)
+        return a, b
+
+    def split_brain_race(
+        self, m: int, a_lead: bool, grow: int, stall: int | None, a_ingests: int
+    ) -> None:
+        """The sequence the mapper's split-brain check exists for (thesis 4.3.3 step 3).
+
+        Two live instances A (older) and B of mapper ``m``, with the store, the partition
+        and the network up. With ``a_lead``, A first maps every full batch of the input so
+        far (and a row arrives if none is left). B then maps all there is, its last batch
+        cut short by the end of the input; the reducers commit everything, and ``grow``
+        more rows arrive. B persists its state and trims the input, B's entry leaves
+        discovery (its beats stop reaching the store) so the reducers turn to A, and A
+        ingests from where its stale window ends, below B's trim point, where there is now
+        more input than when that batch was first cut; the reducers fetch from A and
+        commit. With ``stall`` set, B's trim and the discovery change happen while A's
+        ingestion waits on its ``stall``-th store call instead of before it.
+        """
+        self.plan.unavailable = False
+        self.partitions[m].unavailable = False
+        self.net.unreachable.discard(m)
+        a, b = self._b_overtakes_a(m, a_lead, grow)
 
         def trim_b_then_beat_a() -> None:
             self.note("stall: B trims, discovery forgets B, A heartbeats")
@@ -1265,30 +1277,8 @@ class Simulation:
         ingests ``a_ingests`` times with the reducers running.
         """
         self._faults_off()
+        a, b = self._b_overtakes_a(m, True, grow)
         p = self.partitions[m]
-        if len(self.mappers[m]) < 2:
-            self.start_mapper(m)
-        a, b = self.mappers[m][0], self.mappers[m][-1]
-        for _ in range(8):
-            w = a.worker.window
-            if a.restarting or w is None:
-                break
-            if p.visible - w.input_end_row_index < self.config.batch_rows:
-                break
-            if not self.ingest_instance(a):
-                break
-        w = a.worker.window
-        if w is not None and p.visible == w.input_end_row_index:
-            self.produce(m, 1)  # so that B's last batch is a short one
-        self.heartbeat(b)
-        for _ in range(12):
-            if not self.ingest_instance(b):
-                break
-            self.reduce_all()
-        for _ in range(8):
-            if not self.reduce_all():
-                break
-        self.produce(m, grow)
 
         def b_trims() -> None:
             self.note("input stalls: B trims while A reads")
