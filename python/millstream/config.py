@@ -69,7 +69,14 @@ class Tuning:
         split_brain_delay_seconds: Wait before a mapper restarts ingestion after it saw
             another instance write its state.
         grpc_max_message_bytes: gRPC send/receive limit on both sides.
-        advertise_host: Host name mappers publish in discovery (default: loopback).
+        advertise_host: Address a mapper publishes in discovery for reducers to dial.
+            ``None``: the local runner uses ``127.0.0.1``; on Spark, the executor's own
+            address (``SPARK_LOCAL_IP``, else ``SPARK_EXECUTOR_POD_IP``, else the address of
+            the interface that routes to the driver). Set it when the executors reach each
+            other under another name (NAT, several interfaces).
+        bind_host: Address the mapper's GetRows server listens on. ``None``: the advertised
+            address only; ``"0.0.0.0"`` (or ``"::"``) for every interface, e.g. when the
+            advertised address belongs to a proxy or NAT in front of the host.
         acknowledge_commits: After each commit, tell the mappers the new committed
             indices at once (a GetRows for 0 rows) instead of with the next fetch, so they
             free memory and trim their input a commit interval sooner.
@@ -77,7 +84,10 @@ class Tuning:
             (and a local run) with the row range in the error; ``"retry"``: the worker logs
             it, backs off and retries the same rows.
         restart: How the local runner restarts dead workers and when it gives up; see
-            :class:`RestartStrategy` (the Spark runner relies on Spark's task retries).
+            :class:`RestartStrategy`. The Spark runner leaves single failures to Spark's
+            task retries and applies it to jobs: one that failed (a task failed
+            ``spark.task.maxFailures`` times) is submitted again with this backoff and
+            limit, so a stream outlives failures far apart.
     """
 
     batch_rows: int = 65_536
@@ -94,7 +104,8 @@ class Tuning:
     rpc_timeout_seconds: float = 10.0
     split_brain_delay_seconds: float = 0.5
     grpc_max_message_bytes: int = 64 * 1024 * 1024
-    advertise_host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    bind_host: str | None = None
     acknowledge_commits: bool = True
     on_user_error: Literal["stop", "retry"] = "stop"
     restart: RestartStrategy = field(default_factory=RestartStrategy)

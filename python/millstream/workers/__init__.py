@@ -12,7 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from millstream.exceptions import RetryableStoreError, StoreUnavailableError
+from millstream.exceptions import ConfigurationError, RetryableStoreError, StoreUnavailableError
+from millstream.rpc.address import LOOPBACK, host_port, mapper_address
 from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 from millstream.state import Store, Transaction
@@ -129,6 +130,7 @@ def run_worker(
     stop_event: threading.Event | None = None,
     *,
     guid: str | None = None,
+    host: str = LOOPBACK,
 ) -> None:
     """Run one worker in this process until its work drains or ``stop_event`` is set.
 
@@ -142,6 +144,10 @@ def run_worker(
         index: The worker's index within its role.
         stop_event: Set it to stop the worker (it then returns).
         guid: This instance's GUID; a fresh one by default.
+        host: This machine's address as the other workers reach it: a mapper's server
+            binds it and discovery publishes it, unless ``Tuning.advertise_host`` or
+            ``Tuning.bind_host`` say otherwise. Loopback by default (every worker on
+            this machine).
 
     Raises:
         ConfigurationError: The store holds a processor with other counts or classes.
@@ -158,7 +164,7 @@ def run_worker(
     try:
         store.transact(lambda txn: check_processor_info(txn, processor.info), idempotent=True)
         if role == "mapper":
-            _serve_mapper(processor, index, store, stop, guid)
+            _serve_mapper(processor, index, store, stop, guid, host)
         else:
             _serve_reducer(processor, index, store, stop, guid)
     finally:
@@ -166,21 +172,35 @@ def run_worker(
 
 
 def _serve_mapper(
-    processor: Processor, index: int, store: Store, stop: threading.Event, guid: str | None
+    processor: Processor,
+    index: int,
+    store: Store,
+    stop: threading.Event,
+    guid: str | None,
+    host: str,
 ) -> None:
     t = processor.tuning
+    where = mapper_address(t, host)
     worker = MapperWorker(processor, index, store, guid=guid)
     try:
         store.transact(lambda txn: txn.clear(drained_key(index)), idempotent=True)
-        server = RowsServer(
-            worker,
-            "0.0.0.0:0",
-            t.grpc_max_message_bytes,
-            t.get_rows_max_bytes,
-            max_concurrent_calls=max(8, processor.num_reducers),
-        )
         try:
-            address = f"{t.advertise_host}:{server.port}"
+            server = RowsServer(
+                worker,
+                host_port(where.bind, 0),
+                t.grpc_max_message_bytes,
+                t.get_rows_max_bytes,
+                max_concurrent_calls=max(8, processor.num_reducers),
+            )
+        except (OSError, RuntimeError) as exc:  # grpcio raises either when bind fails
+            raise ConfigurationError(
+                f"mapper {index} cannot listen on {where.bind!r} for GetRows ({exc}): it is "
+                "not an address of this host. Set Tuning.advertise_host to an address of "
+                "this host that the reducers reach, or Tuning.bind_host='0.0.0.0' to listen "
+                "on every interface."
+            ) from exc
+        try:
+            address = where.endpoint(server.port)
             status: Callable[[], dict[str, Metric]] = MapperStatus(
                 worker.metrics, processor.input, index
             )
