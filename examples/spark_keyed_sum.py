@@ -1,8 +1,8 @@
 """Keyed sum through Spark: a DataFrame in, millstream workers as Spark tasks, a DataFrame out.
 
 Run it with ``spark-submit examples/spark_keyed_sum.py`` (or ``python
-examples/spark_keyed_sum.py``; both start a ``local[4,3]`` session unless a master is
-configured), or from a notebook with an existing session::
+examples/spark_keyed_sum.py``; both run on ``local[4,3]`` unless ``--master`` or
+``SPARK_MASTER`` names another master), or from a notebook with an existing session::
 
     from examples.spark_keyed_sum import main
     main(spark)
@@ -12,8 +12,10 @@ keys and an int64 value) as a DataFrame, appends them to a store-backed queue wi
 partitions from the executors, runs 2 mappers and 2 reducers as one Spark job, reads the
 ``("sum", key)`` counters back as a DataFrame and checks them against Spark's own
 ``groupBy``. The state lives in a fresh SQLite file under ``MILLSTREAM_EXAMPLE_DIR``
-(default ``/tmp/millstream-spark-keyed-sum``), so every executor must run on this machine;
-use an ``fdb://`` store on a cluster.
+(default ``/tmp/millstream-spark-keyed-sum``), so every executor must run on this machine:
+on a standalone cluster whose workers all run here, set ``MILLSTREAM_EXAMPLE_SINGLE_HOST=1``
+to say so (``millstream.spark.run`` refuses SQLite on a cluster otherwise); on a real
+cluster set ``MILLSTREAM_EXAMPLE_STORE`` to an ``fdb://`` store.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from millstream.inputs import StoreQueue
 
 ROOT = Path(os.environ.get("MILLSTREAM_EXAMPLE_DIR", "/tmp/millstream-spark-keyed-sum"))
 ROWS = int(os.environ.get("MILLSTREAM_EXAMPLE_ROWS", "1000000"))
+SINGLE_HOST = os.environ.get("MILLSTREAM_EXAMPLE_SINGLE_HOST", "") not in ("", "0")
+LOCAL_MASTER = "local[4,3]"  # 2 mappers + 2 reducers, each task tried 3 times
 KEYS = 100_000
 NAME = "spark_keyed_sum"
 
@@ -61,7 +65,7 @@ def main(spark: Any, rows: int = ROWS, root: Path = ROOT) -> ms.RunSummary:
     db = root / "state.db"
     for stale in root.glob("state.db*"):
         stale.unlink()
-    store = f"sqlite:///{db}"
+    store = os.environ.get("MILLSTREAM_EXAMPLE_STORE") or f"sqlite:///{db}"
     queue = StoreQueue(store, "input", 2, prefix=(NAME,))
     processor = ms.Processor(
         mapper=PreAggregate,
@@ -79,7 +83,7 @@ def main(spark: Any, rows: int = ROWS, root: Path = ROOT) -> ms.RunSummary:
     written = mss.write_queue(df, queue, close=True)
     print(f"appended {written:,} rows to the queue")
 
-    summary = mss.run(spark, processor, timeout=600)
+    summary = mss.run(spark, processor, timeout=600, single_host=SINGLE_HOST)
     print(f"millstream on Spark: {summary}")
 
     out = mss.read_output(spark, processor, ("sum",))
@@ -91,13 +95,28 @@ def main(spark: Any, rows: int = ROWS, root: Path = ROOT) -> ms.RunSummary:
     return summary
 
 
+def _master() -> str:
+    """``SPARK_MASTER``, else spark-submit's ``--master``, else ``local[4,3]``.
+
+    ``local[*]`` (what spark-submit and pyspark pick when no master is given) becomes
+    ``local[4,3]``: the job needs 4 task slots, and retries make a killed task harmless.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    chosen = os.environ.get("SPARK_MASTER")
+    if not chosen:
+        SparkContext._ensure_initialized()  # reads spark-submit's configuration
+        chosen = SparkConf().get("spark.master", None)
+    return LOCAL_MASTER if chosen in (None, "", "local[*]") else chosen
+
+
 if __name__ == "__main__":
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.appName("millstream keyed sum")
-        .config("spark.master", os.environ.get("SPARK_MASTER", "local[4,3]"))
+        .master(_master())
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )

@@ -300,3 +300,37 @@ def test_cancelling_the_job_leaves_no_worker_or_port(spark: Any, tmp_path: Path)
         10,
         "mapper ports to close: " + listeners([w.address for w in mappers]),
     )
+
+
+def test_stream_outlives_more_task_failures_than_spark_allows(spark: Any, tmp_path: Path) -> None:
+    # local[4,3]: Spark fails the job when one task fails 3 times over its life. A stream
+    # runs for weeks, so failures far apart must not end it: the runner submits again.
+    processor, queue = make_processor(tmp_path)
+    first, second = make_rows(10_000, seed=15), make_rows(10_000, seed=16)
+    for p in range(2):
+        queue.append(p, first.slice(p * 5_000, 5_000))
+    background = Background(spark, processor, timeout=170)
+    killed: list[int] = []
+    for _ in range(4):
+        victim = wait_for(
+            lambda: next(
+                (w for w in workers(processor, "mapper") if w.index == 0 and w.pid not in killed),
+                None,
+            ),
+            60,
+            "a new mapper 0",
+        )
+        os.kill(victim.pid, signal.SIGKILL)
+        killed.append(victim.pid)
+    wait_for(
+        lambda: any(w.index == 0 and w.pid not in killed for w in workers(processor, "mapper")),
+        60,
+        "mapper 0 after the last kill",
+    )
+    append_and_seal(queue, second)
+
+    summary = background.join(150)
+
+    assert summary.restarts >= 4
+    assert summary.rows_read == 20_000
+    assert got_sums(processor) == expected_sums(first, second)

@@ -8,17 +8,23 @@ out = mss.read_output(spark, processor, ("sum",))  # reducer output -> DataFrame
 """
 
 from millstream.spark.frames import output_table, read_output, write_queue
+from millstream.spark.hosts import Deployment, check_deployment, executor_host, is_local_master
 from millstream.spark.runner import run, worker_of
-from millstream.spark.slots import Slots, available_slots, check_slots, slots_of
+from millstream.spark.slots import Slots, available_slots, check_slots, slots_of, wait_for_slots
 
 __all__ = [
+    "Deployment",
     "Slots",
     "available_slots",
+    "check_deployment",
     "check_slots",
+    "executor_host",
+    "is_local_master",
     "output_table",
     "read_output",
     "run",
     "slots_of",
+    "wait_for_slots",
     "worker_of",
     "write_queue",
 ]

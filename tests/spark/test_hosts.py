@@ -1,0 +1,109 @@
+"""What each executor advertises, and what a non-local master refuses, without a session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import millstream as ms
+import pytest
+from millstream.exceptions import ConfigurationError
+from millstream.spark.hosts import (
+    Deployment,
+    check_deployment,
+    executor_host,
+    is_local_master,
+    route_address,
+)
+
+from examples.keyed_sum import PreAggregate, SumIntoStore
+
+CLUSTER = "spark://10.0.0.1:7077"
+
+
+class _TwoPartitions:
+    """An input that is never read: these checks run before any worker starts."""
+
+    num_partitions = 2
+
+    def reader(self, partition: int) -> Any:
+        raise AssertionError("not read")
+
+
+def processor(store: str = "fdb://", advertise_host: str | None = None) -> ms.Processor:
+    return ms.Processor(
+        mapper=PreAggregate,
+        reducer=SumIntoStore,
+        input=_TwoPartitions(),
+        store=store,
+        num_reducers=2,
+        tuning=ms.Tuning(advertise_host=advertise_host),
+    )
+
+
+def deployment(master: str = CLUSTER, single_host: bool = False) -> Deployment:
+    return Deployment(master, single_host, driver_host="127.0.0.1", driver_port=7078)
+
+
+@pytest.mark.parametrize(
+    ("master", "local"),
+    [
+        ("local", True),
+        ("local[4,3]", True),
+        ("local[*]", True),
+        ("local-cluster[2,1,1024]", True),
+        ("spark://127.0.0.1:7077", False),
+        ("yarn", False),
+        ("k8s://https://10.0.0.1:6443", False),
+    ],
+)
+def test_is_local_master(master: str, local: bool) -> None:
+    assert is_local_master(master) is local
+
+
+def test_executor_host_prefers_sparks_own_settings() -> None:
+    env = {"SPARK_LOCAL_IP": "10.0.0.7", "SPARK_EXECUTOR_POD_IP": "10.9.9.9"}
+    assert executor_host("127.0.0.1", 7078, env) == ("10.0.0.7", "SPARK_LOCAL_IP")
+    assert executor_host("127.0.0.1", 7078, {"SPARK_EXECUTOR_POD_IP": "10.9.9.9"}) == (
+        "10.9.9.9",
+        "SPARK_EXECUTOR_POD_IP",
+    )
+    host, source = executor_host("127.0.0.1", 7078, {})
+    assert host == route_address("127.0.0.1", 7078) == "127.0.0.1"
+    assert "routes to the driver" in source
+
+
+def test_a_local_master_advertises_loopback() -> None:
+    env = {"SPARK_LOCAL_IP": "10.0.0.7"}
+    assert deployment("local[4,3]").worker_host(processor(), env) == "127.0.0.1"
+
+
+def test_a_cluster_executor_advertises_its_own_address() -> None:
+    assert deployment().worker_host(processor(), {"SPARK_LOCAL_IP": "10.0.0.7"}) == "10.0.0.7"
+    assert deployment().worker_host(processor(advertise_host="node-7"), {}) == "node-7"
+
+
+def test_a_loopback_executor_address_on_a_cluster_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"loopback address 127\.0\.0\.2.*SPARK_LOCAL_IP"):
+        deployment().worker_host(processor(), {"SPARK_LOCAL_IP": "127.0.0.2"})
+    with pytest.raises(ConfigurationError, match=r"routes to the driver.*single_host=True"):
+        deployment().worker_host(processor(), {})
+    stated = deployment(single_host=True)
+    assert stated.worker_host(processor(), {"SPARK_LOCAL_IP": "127.0.0.2"}) == "127.0.0.2"
+
+
+def test_sqlite_on_a_cluster_is_refused_unless_single_host() -> None:
+    sqlite = processor("sqlite:///tmp/millstream-hosts-test.db")
+    with pytest.raises(ConfigurationError, match=r"SQLite store .*\(fdb://\).*single_host=True"):
+        check_deployment(sqlite, deployment())
+    check_deployment(sqlite, deployment(single_host=True))
+    check_deployment(sqlite, deployment("local[4,3]"))
+
+
+def test_a_loopback_advertise_host_on_a_cluster_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"127\.0\.0\.1 \(Tuning\.advertise_host\)"):
+        check_deployment(processor(advertise_host="127.0.0.1"), deployment())
+    with pytest.raises(ConfigurationError, match="localhost"):
+        check_deployment(processor(advertise_host="localhost"), deployment())
+    check_deployment(processor(advertise_host="10.0.0.7"), deployment())
+    check_deployment(processor(), deployment())
+    check_deployment(processor(advertise_host="127.0.0.1"), deployment(single_host=True))
