@@ -39,6 +39,20 @@ def require_spark() -> None:
         pytest.skip("no JDK: run scripts/install-system-deps.sh")
 
 
+def check_bindable(host: str) -> None:
+    """Fail with what to do when this machine cannot listen on ``host``."""
+    try:
+        with socket.socket() as s:
+            s.bind((host, 0))
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot listen on {host} ({exc}): the standalone-cluster tests give each Spark "
+            f"worker its own loopback address. Linux routes all of 127.0.0.0/8 to the "
+            f"loopback interface; elsewhere add an alias (macOS: sudo ifconfig lo0 alias "
+            f"{host})"
+        ) from exc
+
+
 def free_port(host: str = MASTER_HOST) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -124,6 +138,8 @@ class StandaloneCluster:
 
     def start(self, hosts: tuple[str, ...] = ("127.0.0.2", "127.0.0.3")) -> None:
         """Start the master and one worker per host, and wait until all are registered."""
+        for host in hosts:
+            check_bindable(host)
         self.master = self._spawn(
             "master",
             MASTER_HOST,
