@@ -192,7 +192,7 @@ class StandaloneCluster:
     def alive_workers(self) -> list[str]:
         try:
             workers = self.state().get("workers", [])
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or a page half written
             return []
         return [w["host"] for w in workers if w.get("state") == "ALIVE"]
 

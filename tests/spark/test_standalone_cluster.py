@@ -23,6 +23,8 @@ from typing import Any
 
 import millstream as ms
 import pytest
+from millstream.exceptions import ConfigurationError
+from millstream.spark import run
 from millstream.state.records import WorkerInfo
 from standalone import MASTER_HOST, StandaloneCluster, require_spark, spark_submit
 from test_spark_run import (
@@ -210,3 +212,13 @@ def test_waits_for_a_worker_and_survives_a_lost_executor(
     assert summary.restarts >= len(on_lost)
     assert summary.rows_read == 20_000
     assert got_sums(processor) == expected_sums(first, second)
+
+
+def test_sqlite_on_the_cluster_is_refused_unless_single_host(
+    cluster_spark: Any, tmp_path: Path
+) -> None:
+    processor, queue = make_processor(tmp_path)
+    append_and_seal(queue, make_rows(1_000, seed=17))
+    with pytest.raises(ConfigurationError, match=r"SQLite store .* non-local master 'spark://"):
+        run(cluster_spark, processor, timeout=60)
+    assert workers(processor, "mapper") == []
