@@ -619,23 +619,24 @@ class WindowProbe:
 
     def push(self, batch: Any, indices: Any, end: int, token: bytes) -> Any:
         w = self.window
-        first, n = w.first_entry_index, w.num_entries
-        size, rows, begin = w.buffered_bytes, w.buffered_rows, w.input_end_row_index
+        before = w.snapshot()
+        first, n = before.first_entry_index, before.num_entries
         result = w.push(batch, indices, end, token)
-        gone = range(first, w.first_entry_index)
+        after = w.snapshot()
+        gone = range(first, after.first_entry_index)
         new = first + n
-        if w.first_entry_index <= new:
+        if after.first_entry_index <= new:
             freed = [self.ledger[i] for i in gone]
             self.ledger[new] = (
-                w.buffered_bytes - size + sum(e[0] for e in freed),
-                w.buffered_rows - rows + sum(e[1] for e in freed),
-                begin,
+                after.buffered_bytes - before.buffered_bytes + sum(e[0] for e in freed),
+                after.buffered_rows - before.buffered_rows + sum(e[1] for e in freed),
+                before.input_end_row_index,
                 end,
             )
             # Twice its rows' own bytes (copied when its buffers hold more) plus 64 KiB,
             # and the index: 4 bytes per row and reducer boundary, the token, a header.
             rows_bytes = batch.nbytes if batch.num_rows else 0
-            index = 4 * (batch.num_rows + w.num_reducers + 1) + len(token) + 1024
+            index = 4 * (batch.num_rows + after.num_reducers + 1) + len(token) + 1024
             self.bounds[new] = 2 * rows_bytes + 64 * 1024 + index
         for i in gone:
             self.ledger.pop(i, None)
@@ -1160,12 +1161,12 @@ class Simulation:
             w = a.worker.window
             if not a_lead or a.restarting or w is None:
                 break
-            if p.visible - w.input_end_row_index < batch_rows:
+            if p.visible - w.snapshot().input_end_row_index < batch_rows:
                 break
             if not self.ingest_instance(a):
                 break
         w = a.worker.window
-        if a_lead and w is not None and p.visible == w.input_end_row_index:
+        if a_lead and w is not None and p.visible == w.snapshot().input_end_row_index:
             self.produce(m, 1)  # so that B's last batch is a short one
         self.heartbeat(b)
         for _ in range(12):
@@ -1519,19 +1520,20 @@ class Simulation:
         w = inst.worker.window
         if w is None:
             return
+        snap = w.snapshot()
         input_unread, shuffle_unread, _ = w.local_state()
-        end = w.shuffle_end_row_index
+        end = snap.shuffle_end_row_index
         who = f"mapper {m} instance {inst.worker.guid}"
         # Memory accounting: what the window counts is what its entries held when pushed.
         if isinstance(w, WindowProbe):
-            live = range(w.first_entry_index, w.first_entry_index + w.num_entries)
+            live = range(snap.first_entry_index, snap.first_entry_index + snap.num_entries)
             held = [w.ledger[i] for i in live]
-            assert w.buffered_bytes == sum(e[0] for e in held), (
-                f"{who}: buffered_bytes {w.buffered_bytes} but its {len(held)} entries were "
+            assert snap.buffered_bytes == sum(e[0] for e in held), (
+                f"{who}: buffered_bytes {snap.buffered_bytes} but its {len(held)} entries were "
                 f"pushed with {sum(e[0] for e in held)} bytes"
             )
-            assert w.buffered_rows == sum(e[1] for e in held), (
-                f"{who}: buffered_rows {w.buffered_rows} but its entries hold "
+            assert snap.buffered_rows == sum(e[1] for e in held), (
+                f"{who}: buffered_rows {snap.buffered_rows} but its entries hold "
                 f"{sum(e[1] for e in held)}"
             )
             assert all(e[0] > 0 for e in held), f"{who}: an entry of 0 bytes: {held}"
@@ -1547,19 +1549,19 @@ class Simulation:
                 )
         # Rows at or below a reducer's committed index are dropped on push, so the entries
         # hold at most the rows of their shuffle range and at least the buffered ones.
-        assert w.buffered_rows <= end - shuffle_unread, (
-            f"{who}: buffered_rows {w.buffered_rows} but the window spans shuffle rows "
+        assert snap.buffered_rows <= end - shuffle_unread, (
+            f"{who}: buffered_rows {snap.buffered_rows} but the window spans shuffle rows "
             f"[{shuffle_unread}, {end})"
         )
         pending_total = sum(w.bucket_len(r) for r in range(self.R))
-        assert pending_total <= w.buffered_rows, (
-            f"{who}: buckets hold {pending_total} rows but the window {w.buffered_rows}"
+        assert pending_total <= snap.buffered_rows, (
+            f"{who}: buckets hold {pending_total} rows but the window {snap.buffered_rows}"
         )
-        if w.num_entries == 0:
-            assert w.buffered_rows == 0, f"{who}: no entries but {w.buffered_rows} rows"
-            assert w.buffered_bytes == 0, f"{who}: no entries but {w.buffered_bytes} bytes"
+        if snap.num_entries == 0:
+            assert snap.buffered_rows == 0, f"{who}: no entries but {snap.buffered_rows} rows"
+            assert snap.buffered_bytes == 0, f"{who}: no entries but {snap.buffered_bytes} bytes"
         counts = w.bucket_pointer_counts()
-        assert len(counts) == w.num_entries, f"{who}: {len(counts)} counts, {w.num_entries}"
+        assert len(counts) == snap.num_entries, f"{who}: {len(counts)} counts, {snap.num_entries}"
         nonempty = sum(1 for r in range(self.R) if w.bucket_len(r))
         assert sum(counts) == nonempty, (
             f"{who}: bucket pointer counts {counts} but {nonempty} non-empty buckets"

@@ -150,7 +150,7 @@ class MapperWorker:
             UserCodeError: ``map`` raised or returned something unusable.
         """
         window = self._require_window()
-        begin = window.input_end_row_index
+        begin = window.snapshot().input_end_row_index
         try:
             result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
         except InputError:
@@ -399,13 +399,13 @@ class MapperWorker:
 
     def is_drained(self) -> bool:
         """Bounded input fully read, every row committed, and that state persisted."""
-        window = self.window
-        if window is None or not self.end_of_input or window.num_entries:
+        if self.window is None or not self.end_of_input:
             return False
-        input_index, shuffle_index, _ = window.local_state()
+        window = self.window.snapshot()
         return (
-            input_index == self.persisted.input_unread_row_index
-            and shuffle_index == self.persisted.shuffle_unread_row_index
+            window.num_entries == 0
+            and window.input_unread_row_index == self.persisted.input_unread_row_index
+            and window.shuffle_unread_row_index == self.persisted.shuffle_unread_row_index
         )
 
     def mark_drained(self) -> None:
@@ -427,17 +427,16 @@ class MapperWorker:
 
     def metrics(self) -> dict[str, float | int | str]:
         """Status figures for ``millstream status``."""
-        window = self.window
-        input_unread, shuffle_unread, _ = window.local_state() if window else (0, 0, b"")
+        window = self.window.snapshot() if self.window is not None else None
         return {
             "guid": self.guid,
             "rows_read": self.rows_read,
             "rows_shuffled": self.rows_shuffled,
             "batches": self.batches,
             "input_end_row_index": window.input_end_row_index if window else 0,
-            "input_unread_row_index": input_unread,
+            "input_unread_row_index": window.input_unread_row_index if window else 0,
             "persisted_input_unread_row_index": self.persisted.input_unread_row_index,
-            "shuffle_unread_row_index": shuffle_unread,
+            "shuffle_unread_row_index": window.shuffle_unread_row_index if window else 0,
             "window_rows": window.buffered_rows if window else 0,
             "window_bytes": window.buffered_bytes if window else 0,
             "window_entries": window.num_entries if window else 0,
@@ -494,7 +493,7 @@ class MapperWorker:
             while True:
                 room = window.wait_for_room(min(0.1, t.trim_period_seconds))
                 now = self.clock.now()
-                drained_window = self.end_of_input and window.num_entries == 0
+                drained_window = self.end_of_input and window.snapshot().num_entries == 0
                 if now - last_trim >= t.trim_period_seconds or drained_window:
                     last_trim = now
                     try:

@@ -263,7 +263,7 @@ def test_map_error_names_the_rows_and_pushes_nothing(tmp_path: Path) -> None:
         mapper.ingest_once()
     window = mapper.window
     assert window is not None
-    assert window.input_end_row_index == 200
+    assert window.snapshot().input_end_row_index == 200
     c.store.close()
 
 
@@ -350,7 +350,7 @@ def test_a_row_no_get_rows_response_can_carry_stops_the_mapper(tmp_path: Path) -
     assert "more than the largest response of 186 bytes" in str(caught.value)
     assert "tuning.grpc_max_message_bytes" in str(caught.value)
     assert mapper.window is not None
-    assert mapper.window.input_end_row_index == 0
+    assert mapper.window.snapshot().input_end_row_index == 0
     c.store.close()
 
 
@@ -383,7 +383,7 @@ def test_commits_reach_the_mappers_at_once_when_acknowledged(
     for mapper in c.mappers.values():
         window = mapper.window
         assert window is not None
-        assert window.buffered_rows == (0 if acknowledge else BATCH_ROWS)
+        assert window.snapshot().buffered_rows == (0 if acknowledge else BATCH_ROWS)
         assert mapper.trim_input_rows() == acknowledge
     c.store.close()
 
@@ -412,7 +412,7 @@ def test_replayed_batches_keep_their_boundaries(tmp_path: Path, replay: str) -> 
         second.ingest_once()  # follows the recorded [100, 150), not [100, 200)
         window = second.window
         assert window is not None
-        assert window.input_end_row_index == 150
+        assert window.snapshot().input_end_row_index == 150
     c.run_to_end()
     assert c.output() == _expected(c.tables)
     txn = c.store.create_transaction()
