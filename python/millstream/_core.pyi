@@ -15,8 +15,8 @@ __all__ = [
     "MillstreamError",
     "SchemaMismatchError",
     "Window",
-    "WindowSnapshot",
     "WindowError",
+    "WindowSnapshot",
     "__build_profile__",
     "__version__",
     "decode_ipc",
@@ -95,8 +95,9 @@ class Window:
         trim window entries whose bucket pointer count fell to zero, and return
         ``(row_count, last_shuffle_row_index, arrow_ipc_stream_bytes)`` for up to ``max_rows``
         rows after it, without removing them (no stream, ``b""``, when there are none). The
-        stream is at most ``max_bytes`` (and ``max_payload_bytes``) long, counted from the rows actually returned, except that
-        one row is returned even when it alone is longer than ``max_bytes``. With no rows,
+        stream is at most ``max_bytes`` (and ``max_payload_bytes``) long, counted from the
+        rows actually returned, except that one row is returned even when it alone is
+        longer than ``max_bytes``. With no rows,
         ``row_count`` is 0 and ``last_shuffle_row_index`` equals ``committed_row_index``.
         """
     def wait_for_room(self, timeout_seconds: float) -> bool:

@@ -409,6 +409,8 @@ class FaultyStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    read = Store.read  # reads go through the faulty create_transaction below
+
     def create_transaction(self) -> Any:
         self._plan.stall()
         if self._plan.unavailable:
@@ -562,6 +564,8 @@ class CommitHook:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+    read = Store.read
 
     def create_transaction(self) -> Any:
         return _HookedTransaction(self._inner.create_transaction(), self)

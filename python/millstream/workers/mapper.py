@@ -104,11 +104,8 @@ class MapperWorker:
 
     def start_ingestion(self) -> None:
         """Load the persisted state and start a fresh window from it (step 0 of 4.3.3)."""
-        txn = self.store.create_transaction()
-        try:
+        with self.store.read() as txn:
             self.persisted = read_mapper_state(txn, self.index)
-        finally:
-            txn.reset()
         old = self.window
         self.window = _core.Window(
             self.processor.num_reducers,
@@ -127,11 +124,8 @@ class MapperWorker:
 
     def _check_persisted(self) -> None:
         """Step 3 of 4.3.3: the persisted state must be the one this instance last saw."""
-        txn = self.store.create_transaction()
-        try:
+        with self.store.read() as txn:
             self._verify_persisted(txn)
-        finally:
-            txn.reset()
 
     def _verify_persisted(self, txn: Transaction) -> None:
         """Raise :class:`SplitBrainError` if ``txn`` sees another persisted state."""
@@ -347,12 +341,7 @@ class MapperWorker:
         txn = self.store.create_transaction()
         written: MapperState | None = None
         try:
-            current = read_mapper_state(txn, self.index)
-            if current != self.persisted:
-                raise SplitBrainError(
-                    f"mapper {self.index}: persisted state changed under this instance "
-                    f"({self.persisted} -> {current}); another instance is running"
-                )
+            self._verify_persisted(txn)
             if not advanced:
                 txn.reset()
                 self._trim_to_persisted()
@@ -389,11 +378,8 @@ class MapperWorker:
 
     def _applied(self, written: MapperState | None) -> bool:
         """After an unknown commit result: did our write land?"""
-        txn = self.store.create_transaction()
-        try:
+        with self.store.read() as txn:
             return written is not None and read_mapper_state(txn, self.index) == written
-        finally:
-            txn.reset()
 
     # -- drain --------------------------------------------------------------------------
 
@@ -412,8 +398,7 @@ class MapperWorker:
         """Record in the store that this mapper's rows are all committed (checked state)."""
 
         def mark(txn: Transaction) -> None:
-            if read_mapper_state(txn, self.index) != self.persisted:
-                raise SplitBrainError(f"mapper {self.index}: state changed while draining")
+            self._verify_persisted(txn)
             txn.set(drained_key(self.index), pack((self.persisted.input_unread_row_index,)))
 
         # Idempotent: it re-checks the state and writes the same marker.
