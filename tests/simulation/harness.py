@@ -20,8 +20,8 @@ one protocol step at a time by the test, against:
   unavailable, can be slow (other steps run while a read waits), and, like a real queue,
   forget trimmed rows (a read below the trim point raises :class:`TrimmedInputError`, as
   :class:`~millstream.inputs.StoreQueue` does);
-- :class:`SimClock`, time that moves only when the harness says so; the store's
-  transaction-age check reads it too;
+- a :class:`~millstream.testing.ManualClock`, time that moves only when the harness says
+  so; the store's transaction-age check reads it too;
 - :class:`SimProducer`, a producer appending to a real :class:`StoreQueue` in the faulty
   store through a named :class:`QueueProducer`, whose every appended row must be in the
   queue exactly once.
@@ -42,7 +42,6 @@ import itertools
 import os
 import shutil
 import tempfile
-import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +77,7 @@ from millstream.state.records import (
     register_worker,
     unregister_worker,
 )
+from millstream.testing import InProcessTransport, ManualClock
 from millstream.workers import MapperWorker, ReducerWorker
 
 # -- the user's code: every row's effect is a counter keyed by its identity ------------
@@ -171,23 +171,11 @@ class SimReducer(ms.Reducer):
 # -- time ----------------------------------------------------------------------------
 
 
-class SimClock:
-    """A clock that moves only through :meth:`advance` (and ``sleep``)."""
+SIM_START = 1_000.0
+"""Where the simulation's :class:`~millstream.testing.ManualClock` starts."""
 
-    def __init__(self) -> None:
-        self.t = 1_000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return 1_700_000_000.0 + self.t
-
-    def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
-        self.t += seconds
-
-    def advance(self, seconds: float = 1.0) -> None:
-        self.t += seconds
+SIM_WALL_OFFSET = 1_700_000_000.0
+"""Its wall clock: this plus its monotonic time."""
 
 
 # -- input ---------------------------------------------------------------------------
@@ -306,7 +294,7 @@ class FaultPlan:
       one is pending: the steps in ``fn`` happen while that worker waits on the store.
     """
 
-    def __init__(self, clock: SimClock, note: Callable[[str], None]) -> None:
+    def __init__(self, clock: ManualClock, note: Callable[[str], None]) -> None:
         self.clock = clock
         self.note = note
         self.armed: deque[str] = deque()
@@ -679,8 +667,8 @@ Action = tuple[Any, ...]
 """One step, e.g. ``("ingest", mapper, instance)``; see :meth:`Simulation.do`."""
 
 
-class SimNetwork:
-    """In-process GetRows: routes a call by address to the instance bound there.
+class SimNetwork(InProcessTransport):
+    """In-process GetRows with faults: routes a call by address to the instance bound there.
 
     Before a reducer iteration the simulation sets, for that one call, per-call faults and
     steps to run before the mappers answer and after (stale answers), and whether the calls
@@ -688,6 +676,7 @@ class SimNetwork:
     """
 
     def __init__(self, sim: Simulation) -> None:
+        super().__init__()
         self.sim = sim
         self.faults: Sequence[str] = ()
         self.before: Sequence[Action] = ()
@@ -728,23 +717,19 @@ class SimNetwork:
         self.sim.run_nested(after)
         return results
 
+    def handler(self, address: str) -> MapperWorker | None:
+        inst = self.sim.bound.get(address)
+        return None if inst is None else inst.worker
+
     def serve(self, call: GetRowsCall) -> GetRowsResult:
-        inst = self.sim.bound.get(call.address)
-        if inst is None:
-            raise ConnectionError(f"nothing listens on {call.address} (sim)")
-        n, last, ipc = inst.worker.handle_get_rows(
-            call.reducer_index,
-            call.committed_row_index,
-            call.max_rows,
-            call.max_bytes,
-            call.mapper_guid,
-        )
+        result = super().serve(call)
         if call.max_rows:
             self.sim.note(
-                f"  m{call.mapper_index}@{inst.worker.guid} served r{call.reducer_index} "
-                f"({call.committed_row_index}, {last}] {n} rows"
+                f"  m{call.mapper_index}@{call.mapper_guid} served r{call.reducer_index} "
+                f"({call.committed_row_index}, {result.last_shuffle_row_index}] "
+                f"{result.row_count} rows"
             )
-        return GetRowsResult(n, last, ipc)
+        return result
 
     def deliver_late(self) -> None:
         """A delayed request finally reaches its mapper; nobody waits for the answer."""
@@ -755,9 +740,6 @@ class SimNetwork:
             return
         with contextlib.suppress(ConnectionError, StaleMapperError, CommittedIndexError):
             self.serve(call)
-
-    def close(self) -> None:
-        pass
 
 
 # -- the oracle --------------------------------------------------------------------------
@@ -883,7 +865,7 @@ class Simulation:
             ),
         )
         self.M, self.R = len(totals), config.num_reducers
-        self.clock = SimClock()
+        self.clock = ManualClock(SIM_START, SIM_WALL_OFFSET)
         self.raw: Store = open_store(self.processor.store, prefix=(self.processor.name,))
         self.raw.clock = self.clock.now
         self.plan = FaultPlan(self.clock, self.note)
