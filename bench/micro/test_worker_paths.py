@@ -23,9 +23,9 @@ import pyarrow as pa
 import pytest
 from millstream import _core
 from millstream.inputs.base import ReadResult
-from millstream.rpc.inprocess import InProcessRowsClient
 from millstream.state import Store, pack
 from millstream.state.records import read_mapper_state, register_worker
+from millstream.testing import InProcessTransport
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers.metrics import MULTIPROC_ENV, WorkerMetrics
 
@@ -233,7 +233,7 @@ def reducer(store: Store, batch: pa.RecordBatch) -> ReducerSetup:
             lambda txn, m=m: register_worker(txn, "mapper", m, f"guid{m}", f"m{m}", 1e12)
         )
     worker = ReducerWorker(
-        _processor(store, batch, mappers=2), 0, store, InProcessRowsClient(handlers.get)
+        _processor(store, batch, mappers=2), 0, store, InProcessTransport(handlers)
     )
     return ReducerSetup(worker, payload, 2 * rows)
 

@@ -19,7 +19,7 @@ time on :class:`ManualClock` and :class:`InProcessTransport`, adding faults.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -30,6 +30,8 @@ from millstream.workers.clock import ManualClock
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
+    from millstream.state import Transaction
+    from millstream.workers.mapper import MapperWorker
 
 __all__ = ["InProcessTransport", "ManualClock", "MemoryInput", "MemoryReader", "run_in_process"]
 
@@ -102,10 +104,14 @@ class InProcessTransport:
     The reducer side of GetRows (``RowsClient``) for workers that run in one process; a
     mapper worker is the handler. A call to an address nothing is bound at fails with
     :class:`ConnectionError`, as an unreachable mapper does.
+
+    Args:
+        handlers: Address -> handler, shared with the caller (changes to it are seen);
+            a new empty mapping by default.
     """
 
-    def __init__(self) -> None:
-        self._handlers: dict[str, RowsHandler] = {}
+    def __init__(self, handlers: MutableMapping[str, RowsHandler] | None = None) -> None:
+        self._handlers: MutableMapping[str, RowsHandler] = {} if handlers is None else handlers
 
     def bind(self, address: str, handler: RowsHandler) -> None:
         """Serve the calls to ``address`` with ``handler`` (replacing any before it)."""
@@ -166,7 +172,6 @@ def run_in_process(processor: Processor, *, max_rounds: int = 100_000) -> None:
         RuntimeError: The input did not drain within ``max_rounds`` rounds (an unbounded
             input never does).
     """
-    from millstream.state.records import register_worker
     from millstream.workers.mapper import MapperWorker
     from millstream.workers.reducer import ReducerWorker
 
@@ -182,11 +187,7 @@ def run_in_process(processor: Processor, *, max_rounds: int = 100_000) -> None:
             address = f"in-process:mapper-{mapper.index}"
             transport.bind(address, mapper)
             mapper.start_ingestion()
-            store.transact(
-                lambda txn, m=mapper, a=address: register_worker(
-                    txn, "mapper", m.index, m.guid, a, clock.wall()
-                )
-            )
+            store.transact(_registration(mapper, address, clock.wall()))
         reducers = [
             ReducerWorker(processor, r, store, transport, clock=clock, guid=f"reducer-{r}")
             for r in range(processor.num_reducers)
@@ -211,3 +212,13 @@ def run_in_process(processor: Processor, *, max_rounds: int = 100_000) -> None:
         for mapper in mappers:
             mapper.close()
         store.close()
+
+
+def _registration(worker: MapperWorker, address: str, now: float) -> Callable[[Transaction], None]:
+    """What registers ``worker`` in discovery at ``address`` (reducers find it there)."""
+    from millstream.state.records import register_worker
+
+    def register(txn: Transaction) -> None:
+        register_worker(txn, "mapper", worker.index, worker.guid, address, now)
+
+    return register
