@@ -23,9 +23,9 @@ import pyarrow as pa
 import pytest
 from millstream import _core
 from millstream.inputs.base import ReadResult
-from millstream.rpc.inprocess import InProcessRowsClient
 from millstream.state import Store, pack
 from millstream.state.records import read_mapper_state, register_worker
+from millstream.testing import InProcessTransport
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers.metrics import MULTIPROC_ENV, WorkerMetrics
 
@@ -123,7 +123,7 @@ def _drain(worker: MapperWorker) -> None:
     """Commit everything for every reducer (frees the window) and persist now and then."""
     window = worker.window
     assert window is not None
-    last = window.shuffle_end_row_index - 1
+    last = window.snapshot().shuffle_end_row_index - 1
     for r in range(worker.processor.num_reducers):
         worker.handle_get_rows(r, last, 0, 1, worker.guid)
     if worker.batches % 50 == 0:
@@ -151,14 +151,14 @@ def test_mapper_window_push(benchmark: Any, mapper: MapperWorker, batch: pa.Reco
     mapped = mapper.user.map(batch)
     window = mapper.window
     assert window is not None
-    state = {"end": window.input_end_row_index}
+    state = {"end": window.snapshot().input_end_row_index}
 
     def push() -> None:
         state["end"] += batch.num_rows
         window.push(mapped.batch, mapped.reducer_indices, state["end"], b"")
 
     def drain() -> None:
-        last = window.shuffle_end_row_index - 1
+        last = window.snapshot().shuffle_end_row_index - 1
         for r in range(2):
             window.get_rows(r, last, 0, 1)
 
@@ -233,7 +233,7 @@ def reducer(store: Store, batch: pa.RecordBatch) -> ReducerSetup:
             lambda txn, m=m: register_worker(txn, "mapper", m, f"guid{m}", f"m{m}", 1e12)
         )
     worker = ReducerWorker(
-        _processor(store, batch, mappers=2), 0, store, InProcessRowsClient(handlers.get)
+        _processor(store, batch, mappers=2), 0, store, InProcessTransport(handlers)
     )
     return ReducerSetup(worker, payload, 2 * rows)
 

@@ -16,6 +16,7 @@ __all__ = [
     "SchemaMismatchError",
     "Window",
     "WindowError",
+    "WindowSnapshot",
     "__build_profile__",
     "__version__",
     "decode_ipc",
@@ -93,9 +94,10 @@ class Window:
         """GetRows (thesis 4.3.4 steps 2-4): pop the bucket up to ``committed_row_index``,
         trim window entries whose bucket pointer count fell to zero, and return
         ``(row_count, last_shuffle_row_index, arrow_ipc_stream_bytes)`` for up to ``max_rows``
-        rows after it, without removing them. The stream is at most ``max_bytes`` (and
-        ``max_payload_bytes``) long, counted from the rows actually returned, except that
-        one row is returned even when it alone is longer than ``max_bytes``. With no rows,
+        rows after it, without removing them (no stream, ``b""``, when there are none). The
+        stream is at most ``max_bytes`` (and ``max_payload_bytes``) long, counted from the
+        rows actually returned, except that one row is returned even when it alone is
+        longer than ``max_bytes``. With no rows,
         ``row_count`` is 0 and ``last_shuffle_row_index`` equals ``committed_row_index``.
         """
     def wait_for_room(self, timeout_seconds: float) -> bool:
@@ -112,8 +114,14 @@ class Window:
         """Shuffle indices of the reducer's pending rows, in order (tests, debugging)."""
     def bucket_pointer_counts(self) -> list[int]:
         """Bucket pointer count of every window entry, front first."""
-    @property
-    def closed(self) -> bool: ...
+    def snapshot(self) -> WindowSnapshot:
+        """Every figure of the window at one instant, taken under one lock (status and
+        metrics read this once per heartbeat)."""
+
+@final
+class WindowSnapshot:
+    """A window's figures at one instant (``Window.snapshot()``); they agree with each other."""
+
     @property
     def num_reducers(self) -> int: ...
     @property
@@ -128,6 +136,9 @@ class Window:
     @property
     def buffered_rows(self) -> int: ...
     @property
+    def index_bytes(self) -> int:
+        """The part of ``buffered_bytes`` that is index (everything but Arrow buffers)."""
+    @property
     def num_entries(self) -> int: ...
     @property
     def first_entry_index(self) -> int: ...
@@ -137,6 +148,14 @@ class Window:
     @property
     def shuffle_end_row_index(self) -> int:
         """Shuffle index the next pushed row will get."""
+    @property
+    def input_unread_row_index(self) -> int:
+        """The local mapper state's input index (as ``Window.local_state()``)."""
+    @property
+    def shuffle_unread_row_index(self) -> int:
+        """The local mapper state's shuffle index (as ``Window.local_state()``)."""
+    @property
+    def closed(self) -> bool: ...
 
 def hash_partition(batch: Any, key_columns: list[str], num_reducers: int) -> pa.Array:
     """Stable reducer index (int32) for every row from the named key columns; the same in
@@ -153,7 +172,8 @@ def hash_keys(batch: Any, key_columns: list[str]) -> pa.Array:
 
 def decode_ipc(payloads: list[bytes]) -> pa.RecordBatch:
     """Decode Arrow IPC stream payloads (from ``Window.get_rows``) and concatenate their rows
-    into one record batch. All payloads with rows must share one schema; payloads without
-    rows only contribute their schema, and empty ``bytes`` are skipped. Decoding runs in
-    pyarrow's C++ IPC reader (GIL released there), measured faster than decoding in Rust and
-    exporting. Undecodable payloads raise ``MillstreamError``."""
+    into one record batch. All payloads with rows must have the same fields; payloads without
+    rows only contribute their schema, and empty ``bytes`` (a GetRows without rows) are
+    skipped. Decoding runs in the Rust core with the GIL released and validates the data
+    fully (offsets, UTF-8); with one batch of rows the result's arrays point into the
+    payload (no copy). Undecodable payloads or differing fields raise ``MillstreamError``."""

@@ -152,65 +152,64 @@ def collect_status(store_url: str, prefix: str, heartbeat: float = 1.0) -> dict[
     )
 
     store = open_store(store_url, prefix=(prefix,))
-    txn = store.create_transaction()
     try:
-        info = read_processor_info(txn)
-        if info is None:
-            return None
-        statuses = read_statuses(txn)
-        live_mappers = freshest_workers(list_workers(txn, "mapper"))
-        live_reducers = freshest_workers(list_workers(txn, "reducer"))
-        now = time.time()
-        stale = 10 * heartbeat
-        mappers = []
-        for m in range(info.num_mappers):
-            state = read_mapper_state(txn, m)
-            s = statuses.get(("mapper", m), {})
-            persisted = state.input_unread_row_index
-            end = s.get("partition_end_row_index")
-            lag = None if end is None else max(0, int(end) - persisted)
-            rate = _float(s, "rows_persisted_per_second")
-            lag_seconds = (
-                None if lag is None else (0.0 if lag == 0 else lag / rate if rate else None)
-            )
-            mappers.append(
-                {
-                    "index": m,
-                    "alive": m in live_mappers and now - live_mappers[m].heartbeat < stale,
-                    "rows_read": max(int(_float(s, "input_end_row_index")), persisted),
-                    "rows_persisted": persisted,
-                    "partition_end_row_index": None if end is None else int(end),
-                    "lag_rows": lag,
-                    "lag_seconds": lag_seconds,
-                    "rows_per_second": _float(s, "rows_read_per_second"),
-                    "window_rows": int(_float(s, "window_rows")),
-                    "window_bytes": int(_float(s, "window_bytes")),
-                    "memory_limit_bytes": int(_float(s, "memory_limit_bytes")),
-                    "last_error": str(s.get("last_error", "")),
-                }
-            )
-        reducers = []
-        for r in range(info.num_reducers):
-            committed = read_reducer_state(txn, r, info.num_mappers).committed_row_indices
-            s = statuses.get(("reducer", r), {})
-            last_commit = _float(s, "last_commit_time")
-            reducers.append(
-                {
-                    "index": r,
-                    "alive": r in live_reducers and now - live_reducers[r].heartbeat < stale,
-                    "commits": int(_float(s, "commits")),
-                    "rows_reduced": int(_float(s, "rows_reduced")),
-                    "rows_per_second": _float(s, "rows_reduced_per_second"),
-                    "bytes_per_second": _float(s, "bytes_fetched") / _float(s, "uptime")
-                    if _float(s, "uptime")
-                    else 0.0,
-                    "seconds_since_commit": now - last_commit if last_commit else None,
-                    "committed_row_indices": list(committed),
-                    "last_error": str(s.get("last_error", "")),
-                }
-            )
+        with store.read() as txn:
+            info = read_processor_info(txn)
+            if info is None:
+                return None
+            statuses = read_statuses(txn)
+            live_mappers = freshest_workers(list_workers(txn, "mapper"))
+            live_reducers = freshest_workers(list_workers(txn, "reducer"))
+            now = time.time()
+            stale = 10 * heartbeat
+            mappers = []
+            for m in range(info.num_mappers):
+                state = read_mapper_state(txn, m)
+                s = statuses.get(("mapper", m), {})
+                persisted = state.input_unread_row_index
+                end = s.get("partition_end_row_index")
+                lag = None if end is None else max(0, int(end) - persisted)
+                rate = _float(s, "rows_persisted_per_second")
+                lag_seconds = (
+                    None if lag is None else (0.0 if lag == 0 else lag / rate if rate else None)
+                )
+                mappers.append(
+                    {
+                        "index": m,
+                        "alive": m in live_mappers and now - live_mappers[m].heartbeat < stale,
+                        "rows_read": max(int(_float(s, "input_end_row_index")), persisted),
+                        "rows_persisted": persisted,
+                        "partition_end_row_index": None if end is None else int(end),
+                        "lag_rows": lag,
+                        "lag_seconds": lag_seconds,
+                        "rows_per_second": _float(s, "rows_read_per_second"),
+                        "window_rows": int(_float(s, "window_rows")),
+                        "window_bytes": int(_float(s, "window_bytes")),
+                        "memory_limit_bytes": int(_float(s, "memory_limit_bytes")),
+                        "last_error": str(s.get("last_error", "")),
+                    }
+                )
+            reducers = []
+            for r in range(info.num_reducers):
+                committed = read_reducer_state(txn, r, info.num_mappers).committed_row_indices
+                s = statuses.get(("reducer", r), {})
+                last_commit = _float(s, "last_commit_time")
+                reducers.append(
+                    {
+                        "index": r,
+                        "alive": r in live_reducers and now - live_reducers[r].heartbeat < stale,
+                        "commits": int(_float(s, "commits")),
+                        "rows_reduced": int(_float(s, "rows_reduced")),
+                        "rows_per_second": _float(s, "rows_reduced_per_second"),
+                        "bytes_per_second": _float(s, "bytes_fetched") / _float(s, "uptime")
+                        if _float(s, "uptime")
+                        else 0.0,
+                        "seconds_since_commit": now - last_commit if last_commit else None,
+                        "committed_row_indices": list(committed),
+                        "last_error": str(s.get("last_error", "")),
+                    }
+                )
     finally:
-        txn.reset()
         store.close()
     return {
         "processor": prefix,

@@ -54,6 +54,26 @@ def test_uncommitted_writes_are_invisible(store: Store) -> None:
     assert store.transact(lambda t: t.get(("k",))) == b"v"
 
 
+def test_a_read_block_sees_commits_and_drops_its_writes(store: Store) -> None:
+    store.transact(lambda t: t.set(("k",), b"1"))
+    with store.read() as txn:
+        assert txn.get(("k",)) == b"1"
+        txn.set(("k",), b"2")
+
+    def write_then_fail() -> None:
+        with store.read() as txn:
+            txn.set(("j",), b"x")
+            raise RuntimeError("in the block")
+
+    with pytest.raises(RuntimeError, match="in the block"):
+        write_then_fail()
+    assert store.transact(lambda t: (t.get(("k",)), t.get(("j",)))) == (b"1", None)
+    # Nothing is left open: a writer commits and the next read block sees it.
+    store.transact(lambda t: t.set(("k",), b"3"))
+    with store.read() as txn:
+        assert txn.get(("k",)) == b"3"
+
+
 def test_get_range_order_limit_reverse(store: Store) -> None:
     def write(txn: Transaction) -> None:
         for i in (5, -3, 0, 1000, 2):

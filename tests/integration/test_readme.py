@@ -2,10 +2,11 @@
 
 The examples are extracted in order and run in an empty temporary directory holding only a
 ``data/`` directory of Parquet partitions: a Python block that defines a processor becomes
-``job.py`` (the next shell block runs it the ways the README says), a shell block runs line
-by line. The one change made to them: ``/tmp/`` paths move into the test's directory, so
-that runs never share a store. A block that cannot run here says why, in a comment right
-above it: ``<!-- readme-test: skip: <reason> -->``.
+``job.py`` (the next shell block runs it the ways the README says), a Python block of
+tests (``def test_...``) runs under pytest, a shell block runs line by line. The one
+change made to them: ``/tmp/`` paths move into the test's directory, so that runs never
+share a store. A block that cannot run here says why, in a comment right above it:
+``<!-- readme-test: skip: <reason> -->``.
 """
 
 from __future__ import annotations
@@ -129,7 +130,15 @@ def test_readme_runs_in_order(tmp_path: Path) -> None:
         if example.skip is not None:
             continue
         code = localized(example.code, tmp_path)
-        if example.lang == "python":
+        if example.lang == "python" and "\ndef test_" in code:
+            # A test of a job: run it with pytest, as its reader would.
+            (tmp_path / "test_readme_job.py").write_text(code)
+            result = run_shell_line(
+                "python -m pytest -q -p no:cacheprovider test_readme_job.py", tmp_path
+            )
+            assert result.returncode == 0, f"{example.id}:\n{result.stdout}\n{result.stderr}"
+            assert " passed" in result.stdout, f"{example.id}: {result.stdout}"
+        elif example.lang == "python":
             assert "ms.Processor(" in code, f"{example.id}: a Python block that is not a job"
             (tmp_path / "job.py").write_text(code)
             job_defined = True

@@ -20,8 +20,8 @@ one protocol step at a time by the test, against:
   unavailable, can be slow (other steps run while a read waits), and, like a real queue,
   forget trimmed rows (a read below the trim point raises :class:`TrimmedInputError`, as
   :class:`~millstream.inputs.StoreQueue` does);
-- :class:`SimClock`, time that moves only when the harness says so; the store's
-  transaction-age check reads it too;
+- a :class:`~millstream.testing.ManualClock`, time that moves only when the harness says
+  so; the store's transaction-age check reads it too;
 - :class:`SimProducer`, a producer appending to a real :class:`StoreQueue` in the faulty
   store through a named :class:`QueueProducer`, whose every appended row must be in the
   queue exactly once.
@@ -42,7 +42,6 @@ import itertools
 import os
 import shutil
 import tempfile
-import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +77,7 @@ from millstream.state.records import (
     register_worker,
     unregister_worker,
 )
+from millstream.testing import InProcessTransport, ManualClock
 from millstream.workers import MapperWorker, ReducerWorker
 
 # -- the user's code: every row's effect is a counter keyed by its identity ------------
@@ -171,23 +171,11 @@ class SimReducer(ms.Reducer):
 # -- time ----------------------------------------------------------------------------
 
 
-class SimClock:
-    """A clock that moves only through :meth:`advance` (and ``sleep``)."""
+SIM_START = 1_000.0
+"""Where the simulation's :class:`~millstream.testing.ManualClock` starts."""
 
-    def __init__(self) -> None:
-        self.t = 1_000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return 1_700_000_000.0 + self.t
-
-    def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
-        self.t += seconds
-
-    def advance(self, seconds: float = 1.0) -> None:
-        self.t += seconds
+SIM_WALL_OFFSET = 1_700_000_000.0
+"""Its wall clock: this plus its monotonic time."""
 
 
 # -- input ---------------------------------------------------------------------------
@@ -306,7 +294,7 @@ class FaultPlan:
       one is pending: the steps in ``fn`` happen while that worker waits on the store.
     """
 
-    def __init__(self, clock: SimClock, note: Callable[[str], None]) -> None:
+    def __init__(self, clock: ManualClock, note: Callable[[str], None]) -> None:
         self.clock = clock
         self.note = note
         self.armed: deque[str] = deque()
@@ -408,6 +396,8 @@ class FaultyStore:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+    read = Store.read  # reads go through the faulty create_transaction below
 
     def create_transaction(self) -> Any:
         self._plan.stall()
@@ -563,6 +553,8 @@ class CommitHook:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    read = Store.read
+
     def create_transaction(self) -> Any:
         return _HookedTransaction(self._inner.create_transaction(), self)
 
@@ -619,23 +611,24 @@ class WindowProbe:
 
     def push(self, batch: Any, indices: Any, end: int, token: bytes) -> Any:
         w = self.window
-        first, n = w.first_entry_index, w.num_entries
-        size, rows, begin = w.buffered_bytes, w.buffered_rows, w.input_end_row_index
+        before = w.snapshot()
+        first, n = before.first_entry_index, before.num_entries
         result = w.push(batch, indices, end, token)
-        gone = range(first, w.first_entry_index)
+        after = w.snapshot()
+        gone = range(first, after.first_entry_index)
         new = first + n
-        if w.first_entry_index <= new:
+        if after.first_entry_index <= new:
             freed = [self.ledger[i] for i in gone]
             self.ledger[new] = (
-                w.buffered_bytes - size + sum(e[0] for e in freed),
-                w.buffered_rows - rows + sum(e[1] for e in freed),
-                begin,
+                after.buffered_bytes - before.buffered_bytes + sum(e[0] for e in freed),
+                after.buffered_rows - before.buffered_rows + sum(e[1] for e in freed),
+                before.input_end_row_index,
                 end,
             )
             # Twice its rows' own bytes (copied when its buffers hold more) plus 64 KiB,
             # and the index: 4 bytes per row and reducer boundary, the token, a header.
             rows_bytes = batch.nbytes if batch.num_rows else 0
-            index = 4 * (batch.num_rows + w.num_reducers + 1) + len(token) + 1024
+            index = 4 * (batch.num_rows + after.num_reducers + 1) + len(token) + 1024
             self.bounds[new] = 2 * rows_bytes + 64 * 1024 + index
         for i in gone:
             self.ledger.pop(i, None)
@@ -674,8 +667,8 @@ Action = tuple[Any, ...]
 """One step, e.g. ``("ingest", mapper, instance)``; see :meth:`Simulation.do`."""
 
 
-class SimNetwork:
-    """In-process GetRows: routes a call by address to the instance bound there.
+class SimNetwork(InProcessTransport):
+    """In-process GetRows with faults: routes a call by address to the instance bound there.
 
     Before a reducer iteration the simulation sets, for that one call, per-call faults and
     steps to run before the mappers answer and after (stale answers), and whether the calls
@@ -683,6 +676,7 @@ class SimNetwork:
     """
 
     def __init__(self, sim: Simulation) -> None:
+        super().__init__()
         self.sim = sim
         self.faults: Sequence[str] = ()
         self.before: Sequence[Action] = ()
@@ -723,23 +717,19 @@ class SimNetwork:
         self.sim.run_nested(after)
         return results
 
+    def handler(self, address: str) -> MapperWorker | None:
+        inst = self.sim.bound.get(address)
+        return None if inst is None else inst.worker
+
     def serve(self, call: GetRowsCall) -> GetRowsResult:
-        inst = self.sim.bound.get(call.address)
-        if inst is None:
-            raise ConnectionError(f"nothing listens on {call.address} (sim)")
-        n, last, ipc = inst.worker.handle_get_rows(
-            call.reducer_index,
-            call.committed_row_index,
-            call.max_rows,
-            call.max_bytes,
-            call.mapper_guid,
-        )
+        result = super().serve(call)
         if call.max_rows:
             self.sim.note(
-                f"  m{call.mapper_index}@{inst.worker.guid} served r{call.reducer_index} "
-                f"({call.committed_row_index}, {last}] {n} rows"
+                f"  m{call.mapper_index}@{call.mapper_guid} served r{call.reducer_index} "
+                f"({call.committed_row_index}, {result.last_shuffle_row_index}] "
+                f"{result.row_count} rows"
             )
-        return GetRowsResult(n, last, ipc)
+        return result
 
     def deliver_late(self) -> None:
         """A delayed request finally reaches its mapper; nobody waits for the answer."""
@@ -750,9 +740,6 @@ class SimNetwork:
             return
         with contextlib.suppress(ConnectionError, StaleMapperError, CommittedIndexError):
             self.serve(call)
-
-    def close(self) -> None:
-        pass
 
 
 # -- the oracle --------------------------------------------------------------------------
@@ -878,7 +865,7 @@ class Simulation:
             ),
         )
         self.M, self.R = len(totals), config.num_reducers
-        self.clock = SimClock()
+        self.clock = ManualClock(SIM_START, SIM_WALL_OFFSET)
         self.raw: Store = open_store(self.processor.store, prefix=(self.processor.name,))
         self.raw.clock = self.clock.now
         self.plan = FaultPlan(self.clock, self.note)
@@ -1160,12 +1147,12 @@ class Simulation:
             w = a.worker.window
             if not a_lead or a.restarting or w is None:
                 break
-            if p.visible - w.input_end_row_index < batch_rows:
+            if p.visible - w.snapshot().input_end_row_index < batch_rows:
                 break
             if not self.ingest_instance(a):
                 break
         w = a.worker.window
-        if a_lead and w is not None and p.visible == w.input_end_row_index:
+        if a_lead and w is not None and p.visible == w.snapshot().input_end_row_index:
             self.produce(m, 1)  # so that B's last batch is a short one
         self.heartbeat(b)
         for _ in range(12):
@@ -1519,19 +1506,20 @@ class Simulation:
         w = inst.worker.window
         if w is None:
             return
+        snap = w.snapshot()
         input_unread, shuffle_unread, _ = w.local_state()
-        end = w.shuffle_end_row_index
+        end = snap.shuffle_end_row_index
         who = f"mapper {m} instance {inst.worker.guid}"
         # Memory accounting: what the window counts is what its entries held when pushed.
         if isinstance(w, WindowProbe):
-            live = range(w.first_entry_index, w.first_entry_index + w.num_entries)
+            live = range(snap.first_entry_index, snap.first_entry_index + snap.num_entries)
             held = [w.ledger[i] for i in live]
-            assert w.buffered_bytes == sum(e[0] for e in held), (
-                f"{who}: buffered_bytes {w.buffered_bytes} but its {len(held)} entries were "
+            assert snap.buffered_bytes == sum(e[0] for e in held), (
+                f"{who}: buffered_bytes {snap.buffered_bytes} but its {len(held)} entries were "
                 f"pushed with {sum(e[0] for e in held)} bytes"
             )
-            assert w.buffered_rows == sum(e[1] for e in held), (
-                f"{who}: buffered_rows {w.buffered_rows} but its entries hold "
+            assert snap.buffered_rows == sum(e[1] for e in held), (
+                f"{who}: buffered_rows {snap.buffered_rows} but its entries hold "
                 f"{sum(e[1] for e in held)}"
             )
             assert all(e[0] > 0 for e in held), f"{who}: an entry of 0 bytes: {held}"
@@ -1547,19 +1535,19 @@ class Simulation:
                 )
         # Rows at or below a reducer's committed index are dropped on push, so the entries
         # hold at most the rows of their shuffle range and at least the buffered ones.
-        assert w.buffered_rows <= end - shuffle_unread, (
-            f"{who}: buffered_rows {w.buffered_rows} but the window spans shuffle rows "
+        assert snap.buffered_rows <= end - shuffle_unread, (
+            f"{who}: buffered_rows {snap.buffered_rows} but the window spans shuffle rows "
             f"[{shuffle_unread}, {end})"
         )
         pending_total = sum(w.bucket_len(r) for r in range(self.R))
-        assert pending_total <= w.buffered_rows, (
-            f"{who}: buckets hold {pending_total} rows but the window {w.buffered_rows}"
+        assert pending_total <= snap.buffered_rows, (
+            f"{who}: buckets hold {pending_total} rows but the window {snap.buffered_rows}"
         )
-        if w.num_entries == 0:
-            assert w.buffered_rows == 0, f"{who}: no entries but {w.buffered_rows} rows"
-            assert w.buffered_bytes == 0, f"{who}: no entries but {w.buffered_bytes} bytes"
+        if snap.num_entries == 0:
+            assert snap.buffered_rows == 0, f"{who}: no entries but {snap.buffered_rows} rows"
+            assert snap.buffered_bytes == 0, f"{who}: no entries but {snap.buffered_bytes} bytes"
         counts = w.bucket_pointer_counts()
-        assert len(counts) == w.num_entries, f"{who}: {len(counts)} counts, {w.num_entries}"
+        assert len(counts) == snap.num_entries, f"{who}: {len(counts)} counts, {snap.num_entries}"
         nonempty = sum(1 for r in range(self.R) if w.bucket_len(r))
         assert sum(counts) == nonempty, (
             f"{who}: bucket pointer counts {counts} but {nonempty} non-empty buckets"

@@ -70,13 +70,6 @@ class GrpcRowsClient:
                 results.append(exc)
         return results
 
-    def forget(self, address: str) -> None:
-        """Drop the channel to a mapper that went away."""
-        with self._lock:
-            entry = self._channels.pop(address, None)
-        if entry is not None:
-            entry[0].close()
-
     def close(self) -> None:
         """Close every channel and the thread pool."""
         with self._lock:

@@ -254,8 +254,7 @@ def summarize(
     drained: bool = True,
 ) -> RunSummary:
     """Totals of a processor from its store; ``before``: the totals when the run started."""
-    txn = store.create_transaction()
-    try:
+    with store.read() as txn:
         states = [read_mapper_state(txn, m) for m in range(processor.num_mappers)]
 
         def counter(key: tuple[str, str, int, str]) -> int:
@@ -267,8 +266,6 @@ def summarize(
         commits = sum(counter(reduced_key(r, "commits")) for r in reducers)
         shuffled = sum(counter(reduced_key(r, "bytes")) for r in reducers)
         batches = sum(counter(mapped_key(m, "batches")) for m in range(processor.num_mappers))
-    finally:
-        txn.reset()
     return RunSummary(
         sum(s.input_unread_row_index for s in states),
         sum(s.shuffle_unread_row_index for s in states),
@@ -627,11 +624,8 @@ class LocalRunner:
     def _report(self) -> None:
         store = self.processor.open_store()
         try:
-            txn = store.create_transaction()
-            try:
+            with store.read() as txn:
                 statuses = read_statuses(txn)
-            finally:
-                txn.reset()
         finally:
             store.close()
         read = sum(

@@ -149,11 +149,8 @@ def output_table(
     prefix = (*OUTPUT, *keyspace)
     store = processor.open_store()
     try:
-        txn = store.create_transaction()
-        try:
+        with store.read() as txn:
             pairs = txn.get_range_startswith(prefix, snapshot=True)
-        finally:
-            txn.reset()
     finally:
         store.close()
     rows = [(key[len(prefix) :], value) for key, value in pairs]

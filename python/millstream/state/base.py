@@ -7,10 +7,11 @@ methods on packed byte keys.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -500,11 +501,18 @@ class Store(ABC):
     def close(self) -> None:
         """Release connections. Transactions still open become unusable."""
 
-    def with_prefix(self, prefix: Key) -> Store:
-        """Open the same store under another prefix (a new store object)."""
-        from millstream.state.url import open_store
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Transaction]:
+        """A transaction to read in, reset when the block ends (it never commits).
 
-        return open_store(self._url, prefix=prefix, limits=self._limits)
+        ``with store.read() as tr: state = read_mapper_state(tr, m)``. Writes made in it
+        are dropped; use :meth:`transact` to write.
+        """
+        txn = self.create_transaction()
+        try:
+            yield txn
+        finally:
+            txn.reset()
 
     def transact(
         self,

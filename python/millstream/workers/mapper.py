@@ -104,11 +104,8 @@ class MapperWorker:
 
     def start_ingestion(self) -> None:
         """Load the persisted state and start a fresh window from it (step 0 of 4.3.3)."""
-        txn = self.store.create_transaction()
-        try:
+        with self.store.read() as txn:
             self.persisted = read_mapper_state(txn, self.index)
-        finally:
-            txn.reset()
         old = self.window
         self.window = _core.Window(
             self.processor.num_reducers,
@@ -127,11 +124,8 @@ class MapperWorker:
 
     def _check_persisted(self) -> None:
         """Step 3 of 4.3.3: the persisted state must be the one this instance last saw."""
-        txn = self.store.create_transaction()
-        try:
+        with self.store.read() as txn:
             self._verify_persisted(txn)
-        finally:
-            txn.reset()
 
     def _verify_persisted(self, txn: Transaction) -> None:
         """Raise :class:`SplitBrainError` if ``txn`` sees another persisted state."""
@@ -150,7 +144,7 @@ class MapperWorker:
             UserCodeError: ``map`` raised or returned something unusable.
         """
         window = self._require_window()
-        begin = window.input_end_row_index
+        begin = window.snapshot().input_end_row_index
         try:
             result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
         except InputError:
@@ -347,12 +341,7 @@ class MapperWorker:
         txn = self.store.create_transaction()
         written: MapperState | None = None
         try:
-            current = read_mapper_state(txn, self.index)
-            if current != self.persisted:
-                raise SplitBrainError(
-                    f"mapper {self.index}: persisted state changed under this instance "
-                    f"({self.persisted} -> {current}); another instance is running"
-                )
+            self._verify_persisted(txn)
             if not advanced:
                 txn.reset()
                 self._trim_to_persisted()
@@ -389,31 +378,27 @@ class MapperWorker:
 
     def _applied(self, written: MapperState | None) -> bool:
         """After an unknown commit result: did our write land?"""
-        txn = self.store.create_transaction()
-        try:
+        with self.store.read() as txn:
             return written is not None and read_mapper_state(txn, self.index) == written
-        finally:
-            txn.reset()
 
     # -- drain --------------------------------------------------------------------------
 
     def is_drained(self) -> bool:
         """Bounded input fully read, every row committed, and that state persisted."""
-        window = self.window
-        if window is None or not self.end_of_input or window.num_entries:
+        if self.window is None or not self.end_of_input:
             return False
-        input_index, shuffle_index, _ = window.local_state()
+        window = self.window.snapshot()
         return (
-            input_index == self.persisted.input_unread_row_index
-            and shuffle_index == self.persisted.shuffle_unread_row_index
+            window.num_entries == 0
+            and window.input_unread_row_index == self.persisted.input_unread_row_index
+            and window.shuffle_unread_row_index == self.persisted.shuffle_unread_row_index
         )
 
     def mark_drained(self) -> None:
         """Record in the store that this mapper's rows are all committed (checked state)."""
 
         def mark(txn: Transaction) -> None:
-            if read_mapper_state(txn, self.index) != self.persisted:
-                raise SplitBrainError(f"mapper {self.index}: state changed while draining")
+            self._verify_persisted(txn)
             txn.set(drained_key(self.index), pack((self.persisted.input_unread_row_index,)))
 
         # Idempotent: it re-checks the state and writes the same marker.
@@ -427,17 +412,16 @@ class MapperWorker:
 
     def metrics(self) -> dict[str, float | int | str]:
         """Status figures for ``millstream status``."""
-        window = self.window
-        input_unread, shuffle_unread, _ = window.local_state() if window else (0, 0, b"")
+        window = self.window.snapshot() if self.window is not None else None
         return {
             "guid": self.guid,
             "rows_read": self.rows_read,
             "rows_shuffled": self.rows_shuffled,
             "batches": self.batches,
             "input_end_row_index": window.input_end_row_index if window else 0,
-            "input_unread_row_index": input_unread,
+            "input_unread_row_index": window.input_unread_row_index if window else 0,
             "persisted_input_unread_row_index": self.persisted.input_unread_row_index,
-            "shuffle_unread_row_index": shuffle_unread,
+            "shuffle_unread_row_index": window.shuffle_unread_row_index if window else 0,
             "window_rows": window.buffered_rows if window else 0,
             "window_bytes": window.buffered_bytes if window else 0,
             "window_entries": window.num_entries if window else 0,
@@ -494,7 +478,7 @@ class MapperWorker:
             while True:
                 room = window.wait_for_room(min(0.1, t.trim_period_seconds))
                 now = self.clock.now()
-                drained_window = self.end_of_input and window.num_entries == 0
+                drained_window = self.end_of_input and window.snapshot().num_entries == 0
                 if now - last_trim >= t.trim_period_seconds or drained_window:
                     last_trim = now
                     try:

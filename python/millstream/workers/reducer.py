@@ -110,13 +110,10 @@ class ReducerWorker:
         removed from discovery.
         """
         m = self.processor.num_mappers
-        txn = self.store.create_transaction()
-        try:
+        with self.store.read() as txn:
             state = read_reducer_state(txn, self.index, m)
             mappers, dead = self.discovery.observe(list_workers(txn, "mapper"))
             drained = {i for i in range(m) if txn.get(drained_key(i), snapshot=True) is not None}
-        finally:
-            txn.reset()
         if dead:
             self._forget_mappers(dead)
         return state, mappers, drained
@@ -142,16 +139,14 @@ class ReducerWorker:
 
     def drained_now(self) -> bool:
         """Whether every mapper has drained (a cheap check between commits)."""
-        txn = self.store.create_transaction()
         try:
-            return all(
-                txn.get(drained_key(i), snapshot=True) is not None
-                for i in range(self.processor.num_mappers)
-            )
+            with self.store.read() as txn:
+                return all(
+                    txn.get(drained_key(i), snapshot=True) is not None
+                    for i in range(self.processor.num_mappers)
+                )
         except (RetryableStoreError, StoreUnavailableError):
             return False
-        finally:
-            txn.reset()
 
     def _caps(self, live: int) -> tuple[int, int]:
         """Rows and bytes to ask each of ``live`` mappers for in this transaction."""

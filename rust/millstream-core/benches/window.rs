@@ -72,13 +72,13 @@ fn bench(c: &mut Criterion) {
         {
             let mut w = window(num_reducers);
             for _ in 0..8 {
-                let end = w.shuffle_end_row_index();
+                let end = w.snapshot().shuffle_end_row_index;
                 w.push(b.clone(), &r, end, Vec::new()).unwrap();
             }
             eprintln!(
                 "{num_reducers} reducers: index overhead {:.3} bytes/row, buffered {:.1} bytes/row",
-                w.index_bytes() as f64 / w.buffered_rows() as f64,
-                w.buffered_bytes() as f64 / w.buffered_rows() as f64,
+                w.snapshot().index_bytes as f64 / w.snapshot().buffered_rows as f64,
+                w.snapshot().buffered_bytes as f64 / w.snapshot().buffered_rows as f64,
             );
         }
 
@@ -89,7 +89,7 @@ fn bench(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("push", num_reducers), |bench| {
             let mut w = window(num_reducers);
             bench.iter(|| {
-                let end = w.shuffle_end_row_index();
+                let end = w.snapshot().shuffle_end_row_index;
                 w.push(b.clone(), &r, end, Vec::new()).unwrap();
                 commit_all(&mut w, num_reducers, end + ROWS as i64);
             });
@@ -112,7 +112,7 @@ fn bench(c: &mut Criterion) {
             let mut w = window(num_reducers);
             let mut committed = vec![-1i64; num_reducers as usize];
             bench.iter(|| {
-                let end = w.input_end_row_index() + 1;
+                let end = w.snapshot().input_end_row_index + 1;
                 w.push(b.clone(), &r, end, Vec::new()).unwrap();
                 for reducer in 0..num_reducers {
                     let rows = w
@@ -130,7 +130,7 @@ fn bench(c: &mut Criterion) {
                     w.pop_committed(i64::from(reducer), committed[reducer as usize])
                         .unwrap();
                 }
-                assert_eq!(w.num_entries(), 0);
+                assert_eq!(w.snapshot().num_entries, 0);
             });
         });
         group.finish();
@@ -151,7 +151,7 @@ fn bench_pass_through(c: &mut Criterion) {
     group.bench_function("push_whole", |bench| {
         let mut w = window(1);
         bench.iter(|| {
-            let end = w.shuffle_end_row_index();
+            let end = w.snapshot().shuffle_end_row_index;
             w.push(b.clone(), &one, end, Vec::new()).unwrap();
             commit_all(&mut w, 1, end + ROWS as i64);
         });
@@ -160,7 +160,7 @@ fn bench_pass_through(c: &mut Criterion) {
         let mut w = window(1);
         let mut k = 0;
         bench.iter(|| {
-            let end = w.shuffle_end_row_index();
+            let end = w.snapshot().shuffle_end_row_index;
             w.push(parent.slice(k * ROWS, ROWS), &one, end, Vec::new())
                 .unwrap();
             commit_all(&mut w, 1, end + ROWS as i64);

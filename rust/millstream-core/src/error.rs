@@ -152,7 +152,11 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
-    /// An Arrow error (IPC decoding, kernels).
+    /// GetRows payloads that do not decode, or whose rows do not share one schema.
+    #[error("cannot decode the Arrow IPC payloads of GetRows: {0}")]
+    Decode(String),
+
+    /// An Arrow error (kernels, encoding).
     #[error("arrow: {0}")]
     Arrow(#[from] ArrowError),
 }

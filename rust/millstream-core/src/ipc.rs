@@ -10,10 +10,10 @@ use arrow_buffer::Buffer;
 use arrow_ipc::reader::StreamDecoder;
 use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow_ipc::MetadataVersion;
-use arrow_schema::{Schema, SchemaRef};
+use arrow_schema::{ArrowError, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One encoded IPC stream, as a list of segments that reference the batches' buffers.
 #[derive(Debug, Default, Clone)]
@@ -72,27 +72,42 @@ pub fn encode(schema: &Schema, batches: &[RecordBatch]) -> Result<IpcPayload> {
     Ok(IpcPayload { segments, len })
 }
 
-/// Decodes IPC stream payloads and concatenates all their rows into one batch.
+/// Decodes IPC stream payloads and concatenates all their rows into one batch: the
+/// reducer's side, run on the payloads of one round.
 ///
-/// Payloads with no rows only contribute their schema; empty payloads (zero bytes) are
-/// skipped. All payloads with rows must share one schema. With no rows at all, the result
-/// has the schema of the first payload that has one (no columns if none has).
+/// Payloads with no rows only contribute their schema; empty payloads (zero bytes, what a
+/// GetRows with no rows returns) are skipped. The decoded arrays point into the payloads'
+/// buffers (no copy) when there is one batch; several are concatenated once. All payloads
+/// with rows must have the same fields (names, types, nullability). With no rows at all,
+/// the result has the schema of the first payload that has one (no columns if none has).
 pub fn decode_concat(payloads: impl IntoIterator<Item = Buffer>) -> Result<RecordBatch> {
+    let decode_error = |e: ArrowError| Error::Decode(e.to_string());
     let mut schema: Option<SchemaRef> = None;
-    let mut batches = Vec::new();
-    for mut buffer in payloads {
+    let mut batches: Vec<RecordBatch> = Vec::new();
+    for (index, mut buffer) in payloads.into_iter().enumerate() {
         if buffer.is_empty() {
             continue;
         }
         let mut decoder = StreamDecoder::new();
         while !buffer.is_empty() {
-            if let Some(batch) = decoder.decode(&mut buffer)? {
-                if batch.num_rows() > 0 {
-                    batches.push(batch);
+            if let Some(batch) = decoder.decode(&mut buffer).map_err(decode_error)? {
+                if batch.num_rows() == 0 {
+                    continue;
                 }
+                if let Some(first) = batches.first() {
+                    if first.schema().fields() != batch.schema().fields() {
+                        return Err(Error::Decode(format!(
+                            "payload {index} has the fields {:?}, an earlier one {:?}; the \
+                             mappers' map functions return different schemas",
+                            batch.schema().fields(),
+                            first.schema().fields()
+                        )));
+                    }
+                }
+                batches.push(batch);
             }
         }
-        decoder.finish()?;
+        decoder.finish().map_err(decode_error)?;
         if schema.is_none() {
             schema = decoder.schema();
         }
@@ -103,7 +118,7 @@ pub fn decode_concat(payloads: impl IntoIterator<Item = Buffer>) -> Result<Recor
     };
     match batches.len() {
         1 => Ok(batches.pop().expect("one batch")),
-        _ => Ok(concat_batches(&schema, &batches)?),
+        _ => Ok(concat_batches(&schema, &batches).map_err(decode_error)?),
     }
 }
 
@@ -160,6 +175,21 @@ mod tests {
         assert_eq!(out.schema(), b.schema());
         let none = decode_concat(Vec::<Buffer>::new()).unwrap();
         assert_eq!(none.num_columns(), 0);
+    }
+
+    #[test]
+    fn payloads_of_different_fields_are_an_error() {
+        let b = batch(0..3);
+        let renamed = RecordBatch::try_from_iter([(
+            "j",
+            Arc::new(Int64Array::from_iter_values(0..3)) as ArrayRef,
+        )])
+        .unwrap();
+        let p1 = encode(&b.schema(), std::slice::from_ref(&b)).unwrap();
+        let p2 = encode(&renamed.schema(), &[renamed]).unwrap();
+        let err = decode_concat([Buffer::from_vec(p1.to_vec()), Buffer::from_vec(p2.to_vec())])
+            .unwrap_err();
+        assert!(matches!(err, Error::Decode(_)), "{err}");
     }
 
     #[test]

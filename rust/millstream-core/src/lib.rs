@@ -18,4 +18,6 @@ pub mod window;
 pub use bucket::Bucket;
 pub use error::{Error, Result};
 pub use shared::{GetRowsResult, Room, SharedWindow};
-pub use window::{LocalMapperState, PreparedEntry, PushContext, Rows, Window, WindowOptions};
+pub use window::{
+    LocalMapperState, PreparedEntry, PushContext, Rows, Window, WindowOptions, WindowSnapshot,
+};

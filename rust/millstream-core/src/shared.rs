@@ -13,7 +13,7 @@ use arrow_array::{Array, RecordBatch};
 
 use crate::error::{Error, Result};
 use crate::ipc::IpcPayload;
-use crate::window::{PreparedEntry, Window};
+use crate::window::{PreparedEntry, Window, WindowSnapshot};
 
 /// Outcome of [`SharedWindow::wait_for_room`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub struct GetRowsResult {
     pub row_count: u64,
     /// Shuffle index of the last row returned, or the committed index with no rows.
     pub last_shuffle_row_index: i64,
-    /// The rows as an Arrow IPC stream (schema only with no rows).
+    /// The rows as an Arrow IPC stream; empty (zero bytes) with no rows.
     pub payload: IpcPayload,
 }
 
@@ -71,6 +71,15 @@ impl SharedWindow {
     /// Runs `f` on the window under the lock.
     pub fn with<T>(&self, f: impl FnOnce(&Window) -> T) -> Result<T> {
         Ok(f(&self.lock()?.window))
+    }
+
+    /// [`Window::snapshot`], with whether the window is closed: every figure under one lock.
+    pub fn snapshot(&self) -> Result<WindowSnapshot> {
+        let inner = self.lock()?;
+        Ok(WindowSnapshot {
+            closed: inner.closed,
+            ..inner.window.snapshot()
+        })
     }
 
     /// [`Window::push`]; the batch is grouped by reducer without holding the lock. See
@@ -111,7 +120,8 @@ impl SharedWindow {
         Ok(range)
     }
 
-    /// [`Window::get_rows`], with the rows encoded as an IPC stream outside the lock.
+    /// [`Window::get_rows`], with the rows encoded as an IPC stream outside the lock. With no
+    /// rows (an acknowledgement: `max_rows` 0) nothing is encoded and the payload is empty.
     pub fn get_rows(
         &self,
         reducer_index: i64,
@@ -129,13 +139,17 @@ impl SharedWindow {
             }
             inner.window.peek_rows(reducer_index, max_rows, max_bytes)?
         };
+        if rows.is_empty() {
+            // An acknowledgement, or nothing new: no stream to encode.
+            return Ok(GetRowsResult {
+                row_count: 0,
+                last_shuffle_row_index: committed_row_index,
+                payload: IpcPayload::default(),
+            });
+        }
         Ok(GetRowsResult {
             row_count: rows.row_count,
-            last_shuffle_row_index: if rows.row_count == 0 {
-                committed_row_index
-            } else {
-                rows.last_shuffle_row_index
-            },
+            last_shuffle_row_index: rows.last_shuffle_row_index,
             payload: rows.to_ipc()?,
         })
     }
@@ -173,10 +187,5 @@ impl SharedWindow {
         self.lock()?.closed = true;
         self.room.notify_all();
         Ok(())
-    }
-
-    /// True once [`close`](Self::close) was called.
-    pub fn is_closed(&self) -> Result<bool> {
-        Ok(self.lock()?.closed)
     }
 }

@@ -182,16 +182,22 @@ fn check(window: &Window, model: &Model) {
         .map(|e| (e.input_end, e.shuffle_begin, e.shuffle_end))
         .collect();
     assert_eq!(window.entry_ranges(), ranges);
-    assert_eq!(window.first_entry_index(), model.first_entry_index);
+    assert_eq!(window.snapshot().first_entry_index, model.first_entry_index);
     assert_eq!(window.local_state(), &model.local);
-    assert_eq!(window.input_end_row_index(), model.input_end);
-    assert_eq!(window.shuffle_end_row_index(), model.shuffle_end);
-    assert_eq!(window.buffered_rows(), model.buffered_rows());
-    assert_eq!(window.buffered_bytes() == 0, model.entries.is_empty());
+    assert_eq!(window.snapshot().input_end_row_index, model.input_end);
+    assert_eq!(window.snapshot().shuffle_end_row_index, model.shuffle_end);
+    assert_eq!(window.snapshot().buffered_rows, model.buffered_rows());
+    assert_eq!(
+        window.snapshot().buffered_bytes == 0,
+        model.entries.is_empty()
+    );
     // Memory: every entry is charged what it holds (its rows, not the buffers it was sliced
     // from), and trimming frees exactly what entries were charged.
     let charged = window.entry_bytes();
-    assert_eq!(charged.iter().sum::<u64>(), window.buffered_bytes());
+    assert_eq!(
+        charged.iter().sum::<u64>(),
+        window.snapshot().buffered_bytes
+    );
     for (e, &bytes) in model.entries.iter().zip(&charged) {
         let bound = entry_bytes_bound(e.rows.len() as u64, model.num_reducers, e.token.len());
         assert!(
@@ -293,8 +299,8 @@ fn run(num_reducers: u32, start: i64, ops: Vec<Op>) {
         model.pop(r, end).unwrap();
         check(&window, &model);
     }
-    assert_eq!(window.buffered_bytes(), 0);
-    assert_eq!(window.num_entries(), 0);
+    assert_eq!(window.snapshot().buffered_bytes, 0);
+    assert_eq!(window.snapshot().num_entries, 0);
     assert_eq!(
         window.local_state().shuffle_unread_row_index,
         model.shuffle_end

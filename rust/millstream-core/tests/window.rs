@@ -38,7 +38,7 @@ fn index_overhead_is_at_most_eight_bytes_per_row() {
         w.push(rows(10_000), &spread(10_000, 64), 1, Vec::new())
             .unwrap();
     }
-    let per_row = w.index_bytes() as f64 / w.buffered_rows() as f64;
+    let per_row = w.snapshot().index_bytes as f64 / w.snapshot().buffered_rows as f64;
     assert!(per_row <= 8.0, "{per_row} index bytes per row");
 }
 
@@ -58,9 +58,9 @@ fn a_batch_over_the_limit_is_rejected_without_side_effects() {
     assert!(e.to_string().contains("smaller input batches"));
     assert_eq!(
         (
-            w.num_entries(),
-            w.input_end_row_index(),
-            w.shuffle_end_row_index()
+            w.snapshot().num_entries,
+            w.snapshot().input_end_row_index,
+            w.snapshot().shuffle_end_row_index
         ),
         (0, 0, 0)
     );
@@ -98,7 +98,7 @@ fn waiters_wake_when_reducers_commit_or_the_window_closes() {
     let entry_bytes = {
         let mut probe = window(1, u64::MAX);
         probe.push(rows(10), &spread(10, 1), 1, Vec::new()).unwrap();
-        probe.buffered_bytes()
+        probe.snapshot().buffered_bytes
     };
     let mut w = window(1, entry_bytes + 1);
     w.push(rows(10), &spread(10, 1), 1, Vec::new()).unwrap();
@@ -187,7 +187,7 @@ fn concurrent_push_and_get_rows_deliver_every_row_once() {
     let seen: i64 = readers.into_iter().map(|t| t.join().unwrap()).sum();
     assert_eq!(seen, total);
     let w = shared
-        .with(|w| (w.buffered_bytes(), w.local_state().clone()))
+        .with(|w| (w.snapshot().buffered_bytes, w.local_state().clone()))
         .unwrap();
     assert_eq!(w.0, 0);
     assert_eq!(w.1.shuffle_unread_row_index, total);
@@ -272,7 +272,10 @@ fn a_row_over_the_payload_limit_is_refused_at_push() {
         "{e}"
     );
     assert!(e.to_string().contains("grpc_max_message_bytes"), "{e}");
-    assert_eq!((w.num_entries(), w.shuffle_end_row_index()), (0, 0));
+    assert_eq!(
+        (w.snapshot().num_entries, w.snapshot().shuffle_end_row_index),
+        (0, 0)
+    );
     // Rows that fit are served within the limit, whatever the caller's cap.
     let (batch, reducers) = skewed(100, 10, 30_000);
     w.push(batch, &reducers, 1, Vec::new()).unwrap();
@@ -289,7 +292,11 @@ fn a_small_slice_of_a_large_batch_is_charged_its_own_bytes() {
     let slice = big.slice(100_000, 160);
     w.push(slice.clone(), &spread(160, 1), 1, Vec::new())
         .unwrap();
-    assert!(w.buffered_bytes() < 64 * 1024, "{}", w.buffered_bytes());
+    assert!(
+        w.snapshot().buffered_bytes < 64 * 1024,
+        "{}",
+        w.snapshot().buffered_bytes
+    );
     let got = w.get_rows(0, -1, 1_000, i64::MAX).unwrap();
     assert_eq!(got.batches, vec![slice]);
 }
@@ -301,15 +308,100 @@ fn slices_of_one_batch_are_charged_once_in_total() {
     probe
         .push(big.clone(), &spread(160_000, 1), 1, Vec::new())
         .unwrap();
-    let whole = probe.buffered_bytes();
+    let whole = probe.snapshot().buffered_bytes;
     let mut w = window(1, u64::MAX);
     for k in 0..8 {
         let part = big.slice(k * 20_000, 20_000);
         w.push(part, &spread(20_000, 1), 1, Vec::new()).unwrap();
     }
     assert!(
-        w.buffered_bytes() <= whole + whole / 10,
+        w.snapshot().buffered_bytes <= whole + whole / 10,
         "8 slices charged {} bytes, the whole batch {whole}",
-        w.buffered_bytes()
+        w.snapshot().buffered_bytes
     );
+}
+
+#[test]
+fn a_get_rows_without_rows_encodes_nothing() {
+    let shared = SharedWindow::new(window(2, u64::MAX));
+    shared
+        .push(
+            rows(10),
+            &UInt32Array::from(vec![0; 10]),
+            10,
+            Vec::new(),
+            None,
+        )
+        .unwrap();
+    // The acknowledgement of a commit (0 rows), and a reducer with nothing buffered.
+    let ack = shared.get_rows(0, 4, 0, 1 << 20).unwrap();
+    assert_eq!((ack.row_count, ack.last_shuffle_row_index), (0, 4));
+    assert!(ack.payload.is_empty(), "{} bytes", ack.payload.len());
+    let idle = shared.get_rows(1, -1, 100, 1 << 20).unwrap();
+    assert_eq!((idle.row_count, idle.last_shuffle_row_index), (0, -1));
+    assert!(idle.payload.is_empty(), "{} bytes", idle.payload.len());
+    let served = shared.get_rows(0, 4, 100, 1 << 20).unwrap();
+    assert_eq!((served.row_count, served.last_shuffle_row_index), (5, 9));
+    assert!(!served.payload.is_empty());
+}
+
+#[test]
+fn a_snapshot_takes_every_figure_at_once() {
+    let shared = SharedWindow::new(
+        Window::new(WindowOptions {
+            num_reducers: 2,
+            memory_limit_bytes: 1 << 30,
+            max_payload_bytes: 1 << 20,
+            initial_state: LocalMapperState {
+                input_unread_row_index: 100,
+                shuffle_unread_row_index: 40,
+                continuation_token: b"t".to_vec(),
+            },
+        })
+        .unwrap(),
+    );
+    shared
+        .push(rows(6), &spread(6, 2), 110, b"a".to_vec(), None)
+        .unwrap();
+    shared
+        .push(
+            rows(4),
+            &UInt32Array::from(vec![1; 4]),
+            120,
+            b"b".to_vec(),
+            None,
+        )
+        .unwrap();
+    let s = shared.snapshot().unwrap();
+    assert_eq!(
+        (s.num_reducers, s.memory_limit_bytes, s.max_payload_bytes),
+        (2, 1 << 30, 1 << 20)
+    );
+    assert_eq!(
+        (s.num_entries, s.first_entry_index, s.buffered_rows),
+        (2, 0, 10)
+    );
+    assert_eq!((s.input_end_row_index, s.shuffle_end_row_index), (120, 50));
+    assert_eq!(s.local_state.input_unread_row_index, 100);
+    assert!(s.index_bytes > 0 && s.buffered_bytes > s.index_bytes);
+    assert!(!s.closed);
+    // Both reducers commit all their rows: every entry is trimmed.
+    shared.get_rows(0, 45, 0, 0).unwrap();
+    shared.get_rows(1, 49, 0, 0).unwrap();
+    shared.close().unwrap();
+    let s = shared.snapshot().unwrap();
+    assert_eq!(
+        (s.num_entries, s.first_entry_index, s.buffered_rows),
+        (0, 2, 0)
+    );
+    assert_eq!((s.buffered_bytes, s.index_bytes), (0, 0));
+    assert_eq!(
+        s.local_state,
+        LocalMapperState {
+            input_unread_row_index: 120,
+            shuffle_unread_row_index: 50,
+            continuation_token: b"b".to_vec(),
+        }
+    );
+    assert!(s.closed);
 }

@@ -81,6 +81,7 @@ impl From<BindingError> for PyErr {
             Error::KeyColumnNotFound { .. }
             | Error::UnsupportedKeyType { .. }
             | Error::InvalidArgument(_)
+            | Error::Decode(_)
             | Error::Arrow(_) => MillstreamError::new_err(message),
         }
     }

@@ -2,14 +2,18 @@
 
 use std::sync::Arc;
 
+use std::panic::RefUnwindSafe;
+use std::ptr::NonNull;
+
 use arrow_array::{ArrayRef, UInt32Array, UInt64Array};
-use millstream_core::partition;
+use arrow_buffer::Buffer;
+use millstream_core::{ipc, partition};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{IntoPyDict, PyList};
+use pyo3::pybacked::PyBackedBytes;
 use pyo3_arrow::{PyArray, PyRecordBatch};
 
-use crate::errors::{BindingResult, MillstreamError};
+use crate::errors::BindingResult;
 use crate::gil::detached;
 
 /// Reducer index (int32) of every row from the named key columns.
@@ -72,72 +76,33 @@ fn to_pyarrow(py: Python<'_>, array: ArrayRef) -> BindingResult<Bound<'_, PyAny>
         .call1((array,))?)
 }
 
-/// Decodes IPC stream payloads and concatenates their rows into one record batch.
-///
-/// This goes through pyarrow's C++ reader (which releases the GIL), not through
-/// `millstream_core::ipc::decode_concat`: measured on 4 payloads of 32,768 100-byte rows,
-/// pyarrow decodes and concatenates in 0.88 ms against 1.3 ms for arrow-rs plus the export
-/// to pyarrow, and reuses its memory pool where fresh system allocations page-fault.
+/// Decodes GetRows payloads and concatenates their rows into one record batch
+/// ([`ipc::decode_concat`], GIL released). The decoder reads the `bytes` objects in place and
+/// the result reaches pyarrow through the C data interface: with one batch of rows its
+/// arrays point into the payloads, otherwise into the one concatenation.
 #[pyfunction]
 pub fn decode_ipc<'py>(
     py: Python<'py>,
-    payloads: Vec<Bound<'py, PyAny>>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let pa = py.import(intern!(py, "pyarrow"))?;
-    let open_stream = py
-        .import(intern!(py, "pyarrow.ipc"))?
-        .getattr(intern!(py, "open_stream"))?;
-    let arrow_error = pa.getattr(intern!(py, "ArrowException"))?;
-    let wrap = |e: PyErr| {
-        if e.is_instance(py, &arrow_error) {
-            let err = MillstreamError::new_err(format!(
-                "cannot decode the Arrow IPC payloads of GetRows: {}",
-                e.value(py)
-            ));
-            err.set_cause(py, Some(e));
-            err
-        } else {
-            e
-        }
-    };
-    let mut schema = None;
-    let mut tables = Vec::new();
-    for payload in payloads {
-        if payload.len()? == 0 {
-            continue;
-        }
-        let table = open_stream
-            .call1((payload,))
-            .and_then(|reader| reader.call_method0(intern!(py, "read_all")))
-            .map_err(wrap)?;
-        if schema.is_none() {
-            schema = Some(table.getattr(intern!(py, "schema"))?);
-        }
-        if table.getattr(intern!(py, "num_rows"))?.extract::<usize>()? > 0 {
-            tables.push(table);
-        }
-    }
-    let schema = match schema {
-        Some(s) => s,
-        None => pa.call_method1(intern!(py, "schema"), (PyList::empty(py),))?,
-    };
-    if tables.is_empty() {
-        let kwargs = [(intern!(py, "schema"), schema)].into_py_dict(py)?;
-        return pa.getattr(intern!(py, "RecordBatch"))?.call_method(
-            intern!(py, "from_pylist"),
-            (PyList::empty(py),),
-            Some(&kwargs),
-        );
-    }
-    let table = if tables.len() == 1 {
-        tables.pop().expect("one table")
-    } else {
-        pa.call_method1(intern!(py, "concat_tables"), (tables,))
-            .map_err(wrap)?
-    };
-    let combined = table
-        .call_method0(intern!(py, "combine_chunks"))
-        .map_err(wrap)?;
-    let batches = combined.call_method0(intern!(py, "to_batches"))?;
-    batches.get_item(0)
+    payloads: Vec<PyBackedBytes>,
+) -> BindingResult<Bound<'py, PyAny>> {
+    let buffers: Vec<Buffer> = payloads.into_iter().map(buffer_of).collect();
+    let batch = detached(py, || ipc::decode_concat(buffers))??;
+    Ok(PyRecordBatch::new(batch).into_pyarrow(py)?)
+}
+
+/// The owner of a payload's memory inside an Arrow buffer.
+struct Payload {
+    _bytes: PyBackedBytes,
+}
+
+// Its bytes are immutable, so a panic cannot leave them half-changed.
+impl RefUnwindSafe for Payload {}
+
+/// An Arrow buffer over a Python `bytes` object's data, which it keeps alive (no copy).
+fn buffer_of(bytes: PyBackedBytes) -> Buffer {
+    let ptr = NonNull::from(&*bytes).cast::<u8>();
+    let len = bytes.len();
+    // SAFETY: `ptr..ptr + len` is the immutable data of `bytes`, valid while `bytes` lives;
+    // the buffer owns `bytes` and drops it only after its last reference.
+    unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(Payload { _bytes: bytes })) }
 }

@@ -20,6 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__build_profile__", profile)?;
     errors::register(m)?;
     m.add_class::<window::PyWindow>()?;
+    m.add_class::<window::PyWindowSnapshot>()?;
     m.add_function(wrap_pyfunction!(functions::hash_partition, m)?)?;
     m.add_function(wrap_pyfunction!(functions::hash_partition_ordered, m)?)?;
     m.add_function(wrap_pyfunction!(functions::hash_keys, m)?)?;

@@ -2,7 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use millstream_core::{LocalMapperState, Room, SharedWindow, Window, WindowOptions};
+use millstream_core::{
+    LocalMapperState, Room, SharedWindow, Window, WindowOptions, WindowSnapshot,
+};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
@@ -165,68 +167,81 @@ impl PyWindow {
         self.read(Window::bucket_pointer_counts)
     }
 
-    #[getter]
-    fn num_reducers(&self) -> BindingResult<u32> {
-        self.read(Window::num_reducers)
-    }
-
-    #[getter]
-    fn memory_limit_bytes(&self) -> BindingResult<u64> {
-        self.read(Window::memory_limit_bytes)
-    }
-
-    #[getter]
-    fn max_payload_bytes(&self) -> BindingResult<u64> {
-        self.read(Window::max_payload_bytes)
-    }
-
-    #[getter]
-    fn buffered_bytes(&self) -> BindingResult<u64> {
-        self.read(Window::buffered_bytes)
-    }
-
-    #[getter]
-    fn buffered_rows(&self) -> BindingResult<u64> {
-        self.read(Window::buffered_rows)
-    }
-
-    #[getter]
-    fn num_entries(&self) -> BindingResult<usize> {
-        self.read(Window::num_entries)
-    }
-
-    #[getter]
-    fn first_entry_index(&self) -> BindingResult<u64> {
-        self.read(Window::first_entry_index)
-    }
-
-    #[getter]
-    fn input_end_row_index(&self) -> BindingResult<i64> {
-        self.read(Window::input_end_row_index)
-    }
-
-    #[getter]
-    fn shuffle_end_row_index(&self) -> BindingResult<i64> {
-        self.read(Window::shuffle_end_row_index)
-    }
-
-    #[getter]
-    fn closed(&self) -> BindingResult<bool> {
-        Ok(self.inner.is_closed()?)
+    fn snapshot(&self) -> BindingResult<PyWindowSnapshot> {
+        Ok(self.inner.snapshot()?.into())
     }
 
     fn __repr__(&self) -> BindingResult<String> {
-        self.read(|w| {
-            format!(
-                "Window(num_reducers={}, entries={}, buffered_rows={}, buffered_bytes={}, \
-                 memory_limit_bytes={}, shuffle_end_row_index={})",
-                w.num_reducers(),
-                w.num_entries(),
-                w.buffered_rows(),
-                w.buffered_bytes(),
-                w.memory_limit_bytes(),
-                w.shuffle_end_row_index()
-            )
-        })
+        let s = self.inner.snapshot()?;
+        Ok(format!(
+            "Window(num_reducers={}, entries={}, buffered_rows={}, buffered_bytes={}, \
+             memory_limit_bytes={}, shuffle_end_row_index={})",
+            s.num_reducers,
+            s.num_entries,
+            s.buffered_rows,
+            s.buffered_bytes,
+            s.memory_limit_bytes,
+            s.shuffle_end_row_index
+        ))
+    }
+}
+
+/// The window's figures at one instant (one lock); see `_core.pyi`.
+#[pyclass(name = "WindowSnapshot", module = "millstream._core", frozen, get_all)]
+pub struct PyWindowSnapshot {
+    num_reducers: u32,
+    memory_limit_bytes: u64,
+    max_payload_bytes: u64,
+    buffered_bytes: u64,
+    buffered_rows: u64,
+    index_bytes: u64,
+    num_entries: usize,
+    first_entry_index: u64,
+    input_end_row_index: i64,
+    shuffle_end_row_index: i64,
+    input_unread_row_index: i64,
+    shuffle_unread_row_index: i64,
+    closed: bool,
+}
+
+impl From<WindowSnapshot> for PyWindowSnapshot {
+    fn from(s: WindowSnapshot) -> Self {
+        Self {
+            num_reducers: s.num_reducers,
+            memory_limit_bytes: s.memory_limit_bytes,
+            max_payload_bytes: s.max_payload_bytes,
+            buffered_bytes: s.buffered_bytes,
+            buffered_rows: s.buffered_rows,
+            index_bytes: s.index_bytes,
+            num_entries: s.num_entries,
+            first_entry_index: s.first_entry_index,
+            input_end_row_index: s.input_end_row_index,
+            shuffle_end_row_index: s.shuffle_end_row_index,
+            input_unread_row_index: s.local_state.input_unread_row_index,
+            shuffle_unread_row_index: s.local_state.shuffle_unread_row_index,
+            closed: s.closed,
+        }
+    }
+}
+
+#[pymethods]
+impl PyWindowSnapshot {
+    fn __repr__(&self) -> String {
+        format!(
+            "WindowSnapshot(num_reducers={}, num_entries={}, buffered_rows={}, \
+             buffered_bytes={}, memory_limit_bytes={}, input_end_row_index={}, \
+             shuffle_end_row_index={}, input_unread_row_index={}, \
+             shuffle_unread_row_index={}, closed={})",
+            self.num_reducers,
+            self.num_entries,
+            self.buffered_rows,
+            self.buffered_bytes,
+            self.memory_limit_bytes,
+            self.input_end_row_index,
+            self.shuffle_end_row_index,
+            self.input_unread_row_index,
+            self.shuffle_unread_row_index,
+            if self.closed { "True" } else { "False" },
+        )
     }
 }

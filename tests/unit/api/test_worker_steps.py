@@ -20,7 +20,6 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.rpc.calls import RowsHandler
-from millstream.rpc.inprocess import InProcessRowsClient
 from millstream.state import Store, decode_int64, encode_int64, open_store
 from millstream.state.limits import StoreLimits
 from millstream.state.records import (
@@ -30,6 +29,7 @@ from millstream.state.records import (
     read_reducer_state,
     register_worker,
 )
+from millstream.testing import InProcessTransport
 from millstream.workers import Heartbeat, ManualClock, MapperWorker, ReducerWorker
 from worker_fixtures import (
     BATCH_ROWS,
@@ -98,7 +98,7 @@ class Cluster:
         return worker
 
     def start_reducer(self, index: int) -> ReducerWorker:
-        client = InProcessRowsClient(self.handlers.get)
+        client = InProcessTransport(self.handlers)
         worker = ReducerWorker(self.processor, index, self.store, client, clock=self.clock)
         self.reducers[index] = worker
         return worker
@@ -234,7 +234,7 @@ def test_reducer_split_brain_commits_once(cluster: Cluster) -> None:
         cluster.processor,
         0,
         cluster.store,
-        InProcessRowsClient(cluster.handlers.get),
+        InProcessTransport(cluster.handlers),
         clock=cluster.clock,
     )
     # Both read the same state and fetch the same rows; the second commit must fail.
@@ -263,7 +263,7 @@ def test_map_error_names_the_rows_and_pushes_nothing(tmp_path: Path) -> None:
         mapper.ingest_once()
     window = mapper.window
     assert window is not None
-    assert window.input_end_row_index == 200
+    assert window.snapshot().input_end_row_index == 200
     c.store.close()
 
 
@@ -350,7 +350,7 @@ def test_a_row_no_get_rows_response_can_carry_stops_the_mapper(tmp_path: Path) -
     assert "more than the largest response of 186 bytes" in str(caught.value)
     assert "tuning.grpc_max_message_bytes" in str(caught.value)
     assert mapper.window is not None
-    assert mapper.window.input_end_row_index == 0
+    assert mapper.window.snapshot().input_end_row_index == 0
     c.store.close()
 
 
@@ -383,7 +383,7 @@ def test_commits_reach_the_mappers_at_once_when_acknowledged(
     for mapper in c.mappers.values():
         window = mapper.window
         assert window is not None
-        assert window.buffered_rows == (0 if acknowledge else BATCH_ROWS)
+        assert window.snapshot().buffered_rows == (0 if acknowledge else BATCH_ROWS)
         assert mapper.trim_input_rows() == acknowledge
     c.store.close()
 
@@ -412,7 +412,7 @@ def test_replayed_batches_keep_their_boundaries(tmp_path: Path, replay: str) -> 
         second.ingest_once()  # follows the recorded [100, 150), not [100, 200)
         window = second.window
         assert window is not None
-        assert window.input_end_row_index == 150
+        assert window.snapshot().input_end_row_index == 150
     c.run_to_end()
     assert c.output() == _expected(c.tables)
     txn = c.store.create_transaction()
@@ -450,9 +450,7 @@ def test_on_commit_follows_every_commit_and_only_commits(tmp_path: Path, fail: b
     user = reducer.user
     assert isinstance(user, CountCommits)
     # A twin commits first: this reducer's transaction fails and on_commit is not called.
-    twin = ReducerWorker(
-        c.processor, 0, c.store, InProcessRowsClient(c.handlers.get), clock=c.clock
-    )
+    twin = ReducerWorker(c.processor, 0, c.store, InProcessTransport(c.handlers), clock=c.clock)
     state, _, _ = reducer._read_view()
     assert twin.run_once()
     assert not reducer._reduce_and_commit(

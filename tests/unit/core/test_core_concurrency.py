@@ -28,7 +28,7 @@ def test_push_in_one_thread_while_others_get_rows() -> None:
                 )
                 w.push(batch, reducers, base + rows, str(b).encode())
                 while not w.wait_for_room(0.05):
-                    if w.closed:
+                    if w.snapshot().closed:
                         return
         except BaseException as e:  # reported by the test thread
             errors.append(e)
@@ -58,7 +58,11 @@ def test_push_in_one_thread_while_others_get_rows() -> None:
     for r in range(num_reducers):
         assert received[r] == [v for v in range(total) if v * 7 % num_reducers == r]
     assert w.local_state() == (total, total, str(batches - 1).encode())
-    assert (w.buffered_bytes, w.buffered_rows, w.num_entries) == (0, 0, 0)
+    assert (w.snapshot().buffered_bytes, w.snapshot().buffered_rows, w.snapshot().num_entries) == (
+        0,
+        0,
+        0,
+    )
 
 
 def test_wait_for_room_releases_the_gil() -> None:

@@ -103,12 +103,22 @@ def test_decode_ipc_concatenates_payloads_of_several_mappers() -> None:
 
 
 def test_decode_ipc_keeps_the_schema_of_row_less_payloads() -> None:
-    w = Window(1, MB)
-    w.push(mixed(1), pa.array([0], pa.int32()), 1, b"")
-    w.get_rows(0, 0, 1, 1)
-    _, _, payload = w.get_rows(0, 0, 10, MB)
-    got = decode_ipc([payload])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, mixed(1).schema):
+        pass
+    got = decode_ipc([sink.getvalue().to_pybytes()])
     assert (got.num_rows, got.schema) == (0, mixed(1).schema)
+
+
+def test_decode_ipc_of_one_payload_points_into_it() -> None:
+    w = Window(1, 64 * MB)
+    w.push(mixed(1_000), pa.array([0] * 1_000, pa.int32()), 1_000, b"")
+    payload = w.get_rows(0, -1, 10_000, 64 * MB)[2]
+    start = pa.py_buffer(payload).address
+    got = decode_ipc([payload])
+    values = got.column("i64").buffers()[1]
+    assert start <= values.address < start + len(payload)
+    assert got.column("i64").to_pylist() == mixed(1_000).column("i64").to_pylist()
 
 
 def test_decode_ipc_rejects_garbage_and_mixed_schemas() -> None:

@@ -29,7 +29,9 @@ def test_every_pyclass_is_frozen() -> None:
 def test_window_rejects_new_attributes() -> None:
     w = _core.Window(1, 1)
     with pytest.raises(AttributeError):
-        w.num_reducers = 2  # type: ignore[misc]
+        w.snapshot().num_reducers = 2  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        w.local_state = None  # type: ignore[assignment,method-assign]
     with pytest.raises(AttributeError):
         w.anything = 1  # type: ignore[attr-defined]
 

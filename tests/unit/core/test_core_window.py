@@ -43,10 +43,10 @@ def test_push_assigns_shuffle_indices_and_fills_buckets() -> None:
     assert [w.bucket_len(r) for r in range(3)] == [2, 1, 4]
     assert [w.pending_shuffle_indices(r) for r in range(3)] == [[1, 3], [0], [2, 4, 5, 6]]
     assert w.bucket_pointer_counts() == [3, 0]
-    assert (w.num_entries, w.first_entry_index) == (2, 0)
-    assert (w.input_end_row_index, w.shuffle_end_row_index) == (9, 7)
-    assert w.buffered_rows == 7
-    assert w.buffered_bytes > 0
+    assert (w.snapshot().num_entries, w.snapshot().first_entry_index) == (2, 0)
+    assert (w.snapshot().input_end_row_index, w.snapshot().shuffle_end_row_index) == (9, 7)
+    assert w.snapshot().buffered_rows == 7
+    assert w.snapshot().buffered_bytes > 0
 
 
 def test_get_rows_returns_rows_in_shuffle_order_and_does_not_remove_them() -> None:
@@ -61,15 +61,13 @@ def test_get_rows_returns_rows_in_shuffle_order_and_does_not_remove_them() -> No
     assert rows_of(w, 0, -1) == [1, 4]
 
 
-def test_no_rows_returns_committed_index_and_a_schema_only_stream() -> None:
+def test_no_rows_returns_committed_index_and_no_stream() -> None:
+    # Nothing to encode: the GetRows server sends no payload for 0 rows (acknowledgements).
     w = Window(2, MB)
-    count, last, payload = w.get_rows(0, -1, 10, MB)
-    assert (count, last) == (0, -1)
-    assert pa.ipc.open_stream(payload).read_all().num_rows == 0
+    assert w.get_rows(0, -1, 10, MB) == (0, -1, b"")
     w.push(ints(1), reducers(1), 1, b"")
-    count, last, payload = w.get_rows(0, 7, 10, MB)
-    assert (count, last) == (0, 7)
-    assert pa.ipc.open_stream(payload).schema == ints(1).schema
+    assert w.get_rows(0, 7, 10, MB) == (0, 7, b"")
+    assert w.get_rows(1, -1, 0, MB) == (0, -1, b"")
 
 
 def test_trimming_moves_the_local_state_past_fully_committed_entries() -> None:
@@ -83,10 +81,14 @@ def test_trimming_moves_the_local_state_past_fully_committed_entries() -> None:
     assert w.local_state() == (100, 50, b"s")
     w.get_rows(1, 51, 10, MB)
     assert w.local_state() == (110, 52, b"a")
-    assert (w.num_entries, w.first_entry_index) == (1, 1)
+    assert (w.snapshot().num_entries, w.snapshot().first_entry_index) == (1, 1)
     w.get_rows(0, 53, 10, MB)
     assert w.local_state() == (120, 54, b"b")
-    assert (w.num_entries, w.buffered_rows, w.buffered_bytes) == (0, 0, 0)
+    assert (w.snapshot().num_entries, w.snapshot().buffered_rows, w.snapshot().buffered_bytes) == (
+        0,
+        0,
+        0,
+    )
 
 
 def test_empty_batches_advance_the_input() -> None:
@@ -95,10 +97,10 @@ def test_empty_batches_advance_the_input() -> None:
     assert w.local_state() == (10, 0, b"ten")
     w.push(ints(1), reducers(0), 11, b"eleven")
     w.push(ints(0), reducers(), 15, b"fifteen")
-    assert w.num_entries == 2
+    assert w.snapshot().num_entries == 2
     w.get_rows(0, 0, 10, MB)
     assert w.local_state() == (15, 1, b"fifteen")
-    assert w.num_entries == 0
+    assert w.snapshot().num_entries == 0
 
 
 def test_committed_index_beyond_the_window_is_a_watermark() -> None:
@@ -112,7 +114,7 @@ def test_committed_index_beyond_the_window_is_a_watermark() -> None:
     w.get_rows(1, 4, 10, MB)
     w.get_rows(0, 5, 10, MB)
     assert w.local_state()[1] == 6
-    assert w.buffered_bytes == 0
+    assert w.snapshot().buffered_bytes == 0
 
 
 def test_max_bytes_limits_rows_but_returns_at_least_one() -> None:
@@ -129,9 +131,9 @@ def test_max_bytes_limits_rows_but_returns_at_least_one() -> None:
 def test_memory_limit_and_wait_for_room() -> None:
     w = Window(1, 4096)
     w.push(ints(200), pa.array([0] * 200, pa.int32()), 200, b"")
-    assert w.buffered_bytes <= w.memory_limit_bytes
+    assert w.snapshot().buffered_bytes <= w.snapshot().memory_limit_bytes
     w.push(ints(200, 200), pa.array([0] * 200, pa.int32()), 400, b"")
-    assert w.buffered_bytes > w.memory_limit_bytes
+    assert w.snapshot().buffered_bytes > w.snapshot().memory_limit_bytes
     assert w.wait_for_room(0.01) is False
     w.get_rows(0, 199, 1, 1)
     assert w.wait_for_room(0.0) is True
@@ -141,7 +143,7 @@ def test_a_batch_over_the_limit_on_its_own_is_an_error() -> None:
     w = Window(1, 1000)
     with pytest.raises(MemoryLimitError, match=r"more than the whole memory limit of 1000 bytes"):
         w.push(ints(10_000), pa.array([0] * 10_000, pa.int32()), 10_000, b"")
-    assert (w.num_entries, w.shuffle_end_row_index) == (0, 0)
+    assert (w.snapshot().num_entries, w.snapshot().shuffle_end_row_index) == (0, 0)
 
 
 @pytest.mark.parametrize(
@@ -190,7 +192,7 @@ def test_schema_changes_are_rejected() -> None:
     w.push(pa.record_batch({"x": pa.array([], pa.string())}), reducers(), 3, b"")
     # Schema metadata may differ.
     w.push(ints(1).replace_schema_metadata({"k": "v"}), reducers(0), 4, b"")
-    assert w.shuffle_end_row_index == 2
+    assert w.snapshot().shuffle_end_row_index == 2
 
 
 def test_input_index_must_not_go_backwards() -> None:
@@ -207,7 +209,7 @@ def test_close_rejects_pushes_and_wakes_waiters() -> None:
     for i in range(2):
         w.push(ints(200), pa.array([0] * 200, pa.int32()), i + 1, b"")
     w.close()
-    assert w.closed
+    assert w.snapshot().closed
     assert w.wait_for_room(10.0) is False
     with pytest.raises(WindowError, match="closed"):
         w.push(ints(1), reducers(0), 2, b"")
@@ -242,7 +244,7 @@ def test_a_pyarrow_slice_is_charged_what_it_holds_not_its_parent() -> None:
     part = big.slice(100_000, 200)
     w = Window(1, 1 << 20)
     w.push(part, pa.array([0] * 200, pa.int32()), 1, b"")
-    assert w.buffered_bytes < 4 * part.nbytes
+    assert w.snapshot().buffered_bytes < 4 * part.nbytes
     assert _core.decode_ipc([w.get_rows(0, -1, 1_000, 1 << 30)[2]]) == part
 
 
@@ -255,4 +257,4 @@ def test_slices_of_one_parent_are_charged_about_the_parent_once() -> None:
         w.push(big.slice(k * 50_000, 50_000), pa.array([0] * 50_000, pa.int32()), k + 1, b"")
     # Each slice keeps its rows only (the parent stays with the caller): no part is
     # charged for the parent's other rows, none is charged less than its own rows.
-    assert big.nbytes <= w.buffered_bytes <= whole.buffered_bytes * 1.1
+    assert big.nbytes <= w.snapshot().buffered_bytes <= whole.snapshot().buffered_bytes * 1.1

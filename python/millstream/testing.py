@@ -1,0 +1,224 @@
+"""Helpers for testing jobs and the protocol without processes, sockets or waiting.
+
+- :class:`MemoryInput`: a bounded input of in-memory partitions (one table per mapper).
+- :class:`ManualClock`: time that moves only when told to; ``sleep`` returns at once.
+- :class:`InProcessTransport`: GetRows between workers of one process, routed by address
+  to the mapper bound there (the reducers' ``RowsClient``, no gRPC).
+- :func:`run_in_process`: a processor over bounded input, run to the end in this process
+  with the real mapper and reducer workers stepped in turn on these three.
+
+A job's test runs its own :class:`~millstream.Mapper` and :class:`~millstream.Reducer`
+through the real protocol, and reads what ``reduce`` committed from the store::
+
+    processor = ms.Processor(mapper=..., reducer=..., input=MemoryInput([table]), ...)
+    run_in_process(processor)
+
+millstream's own simulation (``tests/simulation``) drives the same workers one step at a
+time on :class:`ManualClock` and :class:`InProcessTransport`, adding faults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from millstream.inputs.base import ReadResult
+from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsHandler
+from millstream.workers.clock import ManualClock
+
+if TYPE_CHECKING:
+    from millstream.processor import Processor
+    from millstream.state import Transaction
+    from millstream.workers.mapper import MapperWorker
+
+__all__ = ["InProcessTransport", "ManualClock", "MemoryInput", "MemoryReader", "run_in_process"]
+
+
+class MemoryReader:
+    """A reader of one :class:`MemoryInput` partition; the token is the next row's index.
+
+    Attributes:
+        trimmed: The highest row index passed to :meth:`trim` (rows below it are consumed
+            and persisted; a test can check how far its input was trimmed).
+    """
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self._batch = batch
+        self.trimmed = 0
+
+    def read(
+        self, begin_row_index: int, end_row_index_hint: int, continuation_token: bytes
+    ) -> ReadResult:
+        """Rows ``[begin_row_index, end_row_index_hint)`` (at least one if any are left)."""
+        total = self._batch.num_rows
+        end = min(total, max(begin_row_index + 1, end_row_index_hint))
+        rows = self._batch.slice(begin_row_index, max(0, end - begin_row_index))
+        return ReadResult(rows, str(end).encode(), end >= total)
+
+    def trim(self, row_index: int, continuation_token: bytes) -> None:
+        """Record how far the input is consumed (the rows stay readable)."""
+        self.trimmed = max(self.trimmed, row_index)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class MemoryInput:
+    """A bounded input of in-memory partitions, one per mapper.
+
+    Args:
+        partitions: Each partition's rows, as a table, a record batch or a list of record
+            batches (all of one schema).
+    """
+
+    def __init__(
+        self, partitions: Sequence[pa.Table | pa.RecordBatch | Sequence[pa.RecordBatch]]
+    ) -> None:
+        if not partitions:
+            raise ValueError("MemoryInput needs at least one partition")
+        self._batches = [_one_batch(p) for p in partitions]
+
+    @property
+    def num_partitions(self) -> int:
+        """Partitions (and so mappers)."""
+        return len(self._batches)
+
+    def reader(self, partition: int) -> MemoryReader:
+        """A reader of partition ``partition``."""
+        return MemoryReader(self._batches[partition])
+
+
+def _one_batch(rows: pa.Table | pa.RecordBatch | Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+    if isinstance(rows, pa.RecordBatch):
+        return rows
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches(list(rows))
+    batches = table.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
+class InProcessTransport:
+    """GetRows within one process: a call goes to the handler bound at its address.
+
+    The reducer side of GetRows (``RowsClient``) for workers that run in one process; a
+    mapper worker is the handler. A call to an address nothing is bound at fails with
+    :class:`ConnectionError`, as an unreachable mapper does.
+
+    Args:
+        handlers: Address -> handler, shared with the caller (changes to it are seen);
+            a new empty mapping by default.
+    """
+
+    def __init__(self, handlers: MutableMapping[str, RowsHandler] | None = None) -> None:
+        self._handlers: MutableMapping[str, RowsHandler] = {} if handlers is None else handlers
+
+    def bind(self, address: str, handler: RowsHandler) -> None:
+        """Serve the calls to ``address`` with ``handler`` (replacing any before it)."""
+        self._handlers[address] = handler
+
+    def unbind(self, address: str) -> None:
+        """Nothing serves ``address`` any more."""
+        self._handlers.pop(address, None)
+
+    def handler(self, address: str) -> RowsHandler | None:
+        """What serves ``address``, if anything."""
+        return self._handlers.get(address)
+
+    def serve(self, call: GetRowsCall) -> GetRowsResult:
+        """One call, answered by the handler at its address.
+
+        Raises:
+            ConnectionError: Nothing is bound at the call's address.
+        """
+        handler = self.handler(call.address)
+        if handler is None:
+            raise ConnectionError(f"nothing listens on {call.address} (in process)")
+        n, last, payload = handler.handle_get_rows(
+            call.reducer_index,
+            call.committed_row_index,
+            call.max_rows,
+            call.max_bytes,
+            call.mapper_guid,
+        )
+        return GetRowsResult(n, last, payload)
+
+    def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
+        """The calls one after another; each slot holds the result or the error."""
+        results: list[GetRowsResult | BaseException] = []
+        for call in calls:
+            try:
+                results.append(self.serve(call))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def run_in_process(processor: Processor, *, max_rounds: int = 100_000) -> None:
+    """Run a processor over bounded input to the end in this process.
+
+    The real mapper and reducer workers run in turn (every mapper reads and maps a batch,
+    every reducer fetches, reduces and commits, every mapper persists its state), on a
+    :class:`ManualClock` and an :class:`InProcessTransport`, until every mapper has
+    drained: every row's effect committed once, as a run with processes would commit it.
+    Errors of ``map`` and ``reduce`` propagate at once. For tests of a job's logic, not
+    for speed.
+
+    Raises:
+        UserCodeError: ``map`` or ``reduce`` raised.
+        RuntimeError: The input did not drain within ``max_rounds`` rounds (an unbounded
+            input never does).
+    """
+    from millstream.workers.mapper import MapperWorker
+    from millstream.workers.reducer import ReducerWorker
+
+    clock = ManualClock()
+    transport = InProcessTransport()
+    store = processor.open_store()
+    mappers = [
+        MapperWorker(processor, m, store, clock=clock, guid=f"mapper-{m}")
+        for m in range(processor.num_mappers)
+    ]
+    try:
+        for mapper in mappers:
+            address = f"in-process:mapper-{mapper.index}"
+            transport.bind(address, mapper)
+            mapper.start_ingestion()
+            store.transact(_registration(mapper, address, clock.wall()))
+        reducers = [
+            ReducerWorker(processor, r, store, transport, clock=clock, guid=f"reducer-{r}")
+            for r in range(processor.num_reducers)
+        ]
+        for _ in range(max_rounds):
+            for mapper in mappers:
+                if not mapper.end_of_input:
+                    mapper.ingest_once()
+            for reducer in reducers:
+                reducer.run_once()
+            for mapper in mappers:
+                mapper.trim_input_rows()
+            if all(mapper.is_drained() for mapper in mappers):
+                for mapper in mappers:
+                    mapper.mark_drained()
+                return
+        raise RuntimeError(
+            f"the input did not drain in {max_rounds} rounds; run_in_process needs a bounded "
+            "input (MemoryInput, ParquetLog)"
+        )
+    finally:
+        for mapper in mappers:
+            mapper.close()
+        store.close()
+
+
+def _registration(worker: MapperWorker, address: str, now: float) -> Callable[[Transaction], None]:
+    """What registers ``worker`` in discovery at ``address`` (reducers find it there)."""
+    from millstream.state.records import register_worker
+
+    def register(txn: Transaction) -> None:
+        register_worker(txn, "mapper", worker.index, worker.guid, address, now)
+
+    return register
