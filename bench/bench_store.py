@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
-from millstream.state import Transaction, open_store
+from millstream.state import StoreTransaction, open_store
 from millstream.state.keys import encode_keys, pack
 
 
@@ -70,7 +70,7 @@ def main() -> None:
 
         commits = 500
 
-        def rmw(txn: Transaction) -> None:
+        def rmw(txn: StoreTransaction) -> None:
             raw = txn.get(("counter",))
             txn.set(("counter",), (int(raw or b"0") + 1).__str__().encode())
 

@@ -38,7 +38,9 @@ def main(argv: list[str]) -> None:
         Path(input_dir), kind, Path(run_dir), settings, write_output="--no-output" not in argv
     )
     if runner == "local":
-        summary = processor.run_local(progress=False)
+        from millstream import run_local
+
+        summary = run_local(processor, progress=False)
     elif runner == "spark":
         summary = _run_on_spark(processor)
     else:

@@ -53,10 +53,10 @@ import numpy as np
 import pyarrow as pa
 from millstream import _core
 from millstream.inputs import StoreQueue
+from millstream.ledger import read_statuses
 from millstream.runner.forkserver import start_fork_server
 from millstream.runner.local import LocalRunner, RunSummary
 from millstream.state import decode_int64
-from millstream.state.records import read_statuses
 
 SCHEMA = pa.schema(
     [

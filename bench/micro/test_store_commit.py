@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from millstream.state import Store, Transaction
+from millstream.state import Store, StoreTransaction
 
 N = 100_000
 
@@ -31,7 +31,7 @@ def test_commit_small(benchmark: Any, store: Store) -> None:
 def test_commit_read_check_write(benchmark: Any, store: Store) -> None:
     """Read a key, write it back changed, commit (conflict check included): a state update."""
 
-    def update(txn: Transaction) -> None:
+    def update(txn: StoreTransaction) -> None:
         raw = txn.get(("state",))
         value = int.from_bytes(raw, "little") if raw else 0
         txn.set(("state",), (value + 1).to_bytes(8, "little"))

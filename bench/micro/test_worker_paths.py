@@ -23,8 +23,8 @@ import pyarrow as pa
 import pytest
 from millstream import _core
 from millstream.inputs.base import ReadResult
+from millstream.ledger import read_mapper_state, register_worker
 from millstream.state import Store, pack
-from millstream.state.records import read_mapper_state, register_worker
 from millstream.testing import InProcessTransport
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers.metrics import MULTIPROC_ENV, WorkerMetrics

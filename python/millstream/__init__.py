@@ -8,7 +8,7 @@ reducer batch commits together with its bookkeeping in one store transaction.
     processor = ms.Processor(mapper=MyMapper, reducer=MyReducer,
                              input=ms.inputs.ParquetLog("data/"),
                              store="sqlite:///tmp/state.db", num_reducers=2)
-    processor.run_local()
+    ms.run_local(processor)
 
 The names below are imported on first use: ``import millstream`` alone costs almost
 nothing, so that a runner can start its fork server (which imports pyarrow, gRPC and the
@@ -25,12 +25,13 @@ if TYPE_CHECKING:
     from millstream._core import __version__
     from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
     from millstream.config import RestartStrategy
-    from millstream.inputs.base import PartitionReader, ReadResult
-    from millstream.processor import Input, Processor
-    from millstream.runner.local import RunStopped, RunSummary
+    from millstream.inputs.base import Input, PartitionReader, ReadResult
+    from millstream.ledger import RunSummary
+    from millstream.processor import Processor
+    from millstream.runner.local import RunStopped, run_local
 
 _WHERE = {
-    "Input": "millstream.processor",
+    "Input": "millstream.inputs.base",
     "Mapper": "millstream.api",
     "PartitionReader": "millstream.inputs.base",
     "Partitioned": "millstream.api",
@@ -39,10 +40,11 @@ _WHERE = {
     "Reducer": "millstream.api",
     "RestartStrategy": "millstream.config",
     "RunStopped": "millstream.runner.local",
-    "RunSummary": "millstream.runner.local",
+    "RunSummary": "millstream.ledger",
     "Transaction": "millstream.api",
     "Tuning": "millstream.api",
     "WorkerSpec": "millstream.api",
+    "run_local": "millstream.runner.local",
     "__version__": "millstream._core",
 }
 _SUBMODULES = ("exceptions", "inputs")
@@ -80,4 +82,5 @@ __all__ = [
     "__version__",
     "exceptions",
     "inputs",
+    "run_local",
 ]

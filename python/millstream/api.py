@@ -17,9 +17,8 @@ import pyarrow as pa
 
 from millstream import _core
 from millstream.config import Tuning
-from millstream.state import Transaction as StoreTransaction
-from millstream.state import decode_int64
-from millstream.state.records import OUTPUT
+from millstream.ledger import OUTPUT
+from millstream.state import StoreTransaction, decode_int64
 
 Key = tuple[Any, ...]
 

@@ -18,7 +18,6 @@ from millstream.exceptions import MillstreamError
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
-    from millstream.state.records import Metric
 
 # The heavy modules (pyarrow, gRPC, the store) are imported inside the commands: ``run``
 # starts the fork server first, so that its imports overlap this process's.
@@ -84,11 +83,11 @@ def _run(args: argparse.Namespace) -> int:
         f"{processor.num_reducers} reducers, store {processor.store}",
         file=sys.stderr,
     )
-    from millstream.runner.local import RunStopped
+    from millstream.runner.local import RunStopped, run_local
 
     try:
-        summary = processor.run_local(
-            progress=not args.quiet, timeout=args.timeout, metrics_port=args.metrics_port
+        summary = run_local(
+            processor, progress=not args.quiet, timeout=args.timeout, metrics_port=args.metrics_port
         )
     except RunStopped as stopped:
         if stopped.summary is not None:
@@ -125,100 +124,18 @@ def _metrics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _float(status: dict[str, Metric], what: str) -> float:
-    try:
-        return float(status.get(what, 0) or 0)
-    except ValueError:
-        return 0.0
-
-
 def collect_status(store_url: str, prefix: str, heartbeat: float = 1.0) -> dict[str, Any] | None:
     """A processor's status as plain data (what ``status --json`` prints); None if the
-    store holds no processor under ``prefix``.
-
-    Mappers: rows read and persisted, ``lag_rows`` (rows of the input partition not yet
-    committed, when the input knows its end), ``lag_seconds`` (that lag over the recent
-    commit rate), recent rows/s and the window. Reducers: commits, rows, recent rows/s,
-    seconds since the last commit and the committed row indices.
-    """
+    store holds no processor under ``prefix``. See :func:`millstream.ledger.read_status`."""
+    from millstream.ledger import read_status
     from millstream.state import open_store
-    from millstream.state.records import (
-        freshest_workers,
-        list_workers,
-        read_mapper_state,
-        read_processor_info,
-        read_reducer_state,
-        read_statuses,
-    )
 
     store = open_store(store_url, prefix=(prefix,))
     try:
         with store.read() as txn:
-            info = read_processor_info(txn)
-            if info is None:
-                return None
-            statuses = read_statuses(txn)
-            live_mappers = freshest_workers(list_workers(txn, "mapper"))
-            live_reducers = freshest_workers(list_workers(txn, "reducer"))
-            now = time.time()
-            stale = 10 * heartbeat
-            mappers = []
-            for m in range(info.num_mappers):
-                state = read_mapper_state(txn, m)
-                s = statuses.get(("mapper", m), {})
-                persisted = state.input_unread_row_index
-                end = s.get("partition_end_row_index")
-                lag = None if end is None else max(0, int(end) - persisted)
-                rate = _float(s, "rows_persisted_per_second")
-                lag_seconds = (
-                    None if lag is None else (0.0 if lag == 0 else lag / rate if rate else None)
-                )
-                mappers.append(
-                    {
-                        "index": m,
-                        "alive": m in live_mappers and now - live_mappers[m].heartbeat < stale,
-                        "rows_read": max(int(_float(s, "input_end_row_index")), persisted),
-                        "rows_persisted": persisted,
-                        "partition_end_row_index": None if end is None else int(end),
-                        "lag_rows": lag,
-                        "lag_seconds": lag_seconds,
-                        "rows_per_second": _float(s, "rows_read_per_second"),
-                        "window_rows": int(_float(s, "window_rows")),
-                        "window_bytes": int(_float(s, "window_bytes")),
-                        "memory_limit_bytes": int(_float(s, "memory_limit_bytes")),
-                        "last_error": str(s.get("last_error", "")),
-                    }
-                )
-            reducers = []
-            for r in range(info.num_reducers):
-                committed = read_reducer_state(txn, r, info.num_mappers).committed_row_indices
-                s = statuses.get(("reducer", r), {})
-                last_commit = _float(s, "last_commit_time")
-                reducers.append(
-                    {
-                        "index": r,
-                        "alive": r in live_reducers and now - live_reducers[r].heartbeat < stale,
-                        "commits": int(_float(s, "commits")),
-                        "rows_reduced": int(_float(s, "rows_reduced")),
-                        "rows_per_second": _float(s, "rows_reduced_per_second"),
-                        "bytes_per_second": _float(s, "bytes_fetched") / _float(s, "uptime")
-                        if _float(s, "uptime")
-                        else 0.0,
-                        "seconds_since_commit": now - last_commit if last_commit else None,
-                        "committed_row_indices": list(committed),
-                        "last_error": str(s.get("last_error", "")),
-                    }
-                )
+            return read_status(txn, prefix, heartbeat)
     finally:
         store.close()
-    return {
-        "processor": prefix,
-        "num_mappers": info.num_mappers,
-        "num_reducers": info.num_reducers,
-        "time": now,
-        "mappers": mappers,
-        "reducers": reducers,
-    }
 
 
 def _optional(value: float | None, spec: str) -> str:

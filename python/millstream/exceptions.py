@@ -104,7 +104,18 @@ class DuplicateSequenceError(InputError):
         self.last_sequence = last_sequence
 
 
+FATAL_ERRORS: tuple[type[MillstreamError], ...] = (
+    UserCodeError,
+    ConfigurationError,
+    InputError,
+    StoreCorruptError,
+    StoreLimitError,
+)
+"""Errors a restart cannot cure: a worker that raises one reports it and the run stops."""
+
+
 __all__ = [
+    "FATAL_ERRORS",
     "CommitUnknownResultError",
     "CommittedIndexError",
     "ConfigurationError",

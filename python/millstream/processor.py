@@ -5,30 +5,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any
 
 from millstream.api import Mapper, Reducer, Tuning, WorkerSpec
 from millstream.exceptions import ConfigurationError
-from millstream.inputs.base import PartitionReader
+from millstream.inputs.base import Input
+from millstream.ledger import ProcessorInfo
 from millstream.state import Store, open_store, parse_store_url
-from millstream.state.records import ProcessorInfo
-
-if TYPE_CHECKING:
-    from millstream.runner.local import RunSummary
-
-
-@runtime_checkable
-class Input(Protocol):
-    """A partitioned input: one partition per mapper. Must pickle (workers are processes)."""
-
-    @property
-    def num_partitions(self) -> int:
-        """Number of partitions, hence of mappers."""
-        ...
-
-    def reader(self, partition: int) -> PartitionReader:
-        """A reader of one partition."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -136,23 +119,3 @@ class Processor:
     def open_store(self) -> Store:
         """Open this processor's store under its prefix."""
         return open_store(self.store, prefix=(self.name,))
-
-    def run_local(
-        self,
-        *,
-        progress: bool = False,
-        timeout: float | None = None,
-        metrics_port: int | None = None,
-    ) -> RunSummary:
-        """Run every worker as a process on this machine until bounded inputs drain.
-
-        Crashed workers are restarted as ``tuning.restart`` says. Returns the run's summary.
-        Ctrl-C or SIGTERM stops every worker, prints the summary to stderr and raises
-        :class:`~millstream.runner.local.RunStopped`; a rerun resumes from the last commits.
-        With ``metrics_port``, every worker's and the runner's Prometheus metrics are
-        served at ``http://<host>:<metrics_port>/metrics`` while the run lasts.
-        """
-        from millstream.runner.local import LocalRunner
-
-        runner = LocalRunner(self, progress=progress, metrics_port=metrics_port)
-        return runner.run(timeout=timeout)

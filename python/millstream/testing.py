@@ -30,7 +30,7 @@ from millstream.workers.clock import ManualClock
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
-    from millstream.state import Transaction
+    from millstream.state import StoreTransaction
     from millstream.workers.mapper import MapperWorker
 
 __all__ = ["InProcessTransport", "ManualClock", "MemoryInput", "MemoryReader", "run_in_process"]
@@ -214,11 +214,13 @@ def run_in_process(processor: Processor, *, max_rounds: int = 100_000) -> None:
         store.close()
 
 
-def _registration(worker: MapperWorker, address: str, now: float) -> Callable[[Transaction], None]:
+def _registration(
+    worker: MapperWorker, address: str, now: float
+) -> Callable[[StoreTransaction], None]:
     """What registers ``worker`` in discovery at ``address`` (reducers find it there)."""
-    from millstream.state.records import register_worker
+    from millstream.ledger import register_worker
 
-    def register(txn: Transaction) -> None:
+    def register(txn: StoreTransaction) -> None:
         register_worker(txn, "mapper", worker.index, worker.guid, address, now)
 
     return register

@@ -19,7 +19,7 @@ from millstream.exceptions import (
     TransactionTooOldError,
     ValueTooLargeError,
 )
-from millstream.state import Store, StoreLimits, Transaction, decode_int64, encode_int64, pack
+from millstream.state import Store, StoreLimits, StoreTransaction, decode_int64, encode_int64, pack
 
 StoreFactory = Callable[..., Store]
 
@@ -27,7 +27,7 @@ INT64_MAX = 2**63 - 1
 
 
 def test_get_set_clear(store: Store) -> None:
-    def write(txn: Transaction) -> None:
+    def write(txn: StoreTransaction) -> None:
         txn.set(("a",), b"1")
         txn.set(("b", 2), b"")
         txn.set(("c",), b"3")
@@ -75,7 +75,7 @@ def test_a_read_block_sees_commits_and_drops_its_writes(store: Store) -> None:
 
 
 def test_get_range_order_limit_reverse(store: Store) -> None:
-    def write(txn: Transaction) -> None:
+    def write(txn: StoreTransaction) -> None:
         for i in (5, -3, 0, 1000, 2):
             txn.set(("r", i), str(i).encode())
         txn.set(("r",), b"parent")
@@ -221,7 +221,7 @@ key_elements = st.one_of(
 def test_tuple_keys_round_trip_in_byte_order(store: Store, keys: list[tuple[object, ...]]) -> None:
     space = ("prop", uuid.uuid4().hex)
 
-    def write(txn: Transaction) -> None:
+    def write(txn: StoreTransaction) -> None:
         for i, key in enumerate(keys):
             txn.set((*space, *key), str(i).encode())
 
@@ -298,7 +298,7 @@ def test_transact_retries_conflicts_and_unknown_results_of_idempotent_bodies(
 ) -> None:
     attempts: list[int] = []
 
-    def fn(txn: Transaction) -> str:
+    def fn(txn: StoreTransaction) -> str:
         attempts.append(len(attempts))
         value = txn.get(("c",))
         if len(attempts) == 1:
@@ -318,7 +318,7 @@ def test_transact_retries_conflicts_and_unknown_results_of_idempotent_bodies(
 def test_transact_does_not_rerun_other_bodies_after_an_unknown_result(store: Store) -> None:
     attempts: list[None] = []
 
-    def fn(txn: Transaction) -> None:
+    def fn(txn: StoreTransaction) -> None:
         attempts.append(None)
         txn.add(("n",), 1)
         raise CommitUnknownResultError("simulated 1021")
@@ -331,7 +331,7 @@ def test_transact_does_not_rerun_other_bodies_after_an_unknown_result(store: Sto
 def test_transact_gives_up_after_max_retries(store: Store) -> None:
     calls: list[None] = []
 
-    def always_conflicts(txn: Transaction) -> None:
+    def always_conflicts(txn: StoreTransaction) -> None:
         calls.append(None)
         raise StoreConflictError("always")
 
@@ -343,7 +343,7 @@ def test_transact_gives_up_after_max_retries(store: Store) -> None:
 def test_threads_share_a_store(store: Store) -> None:
     per_thread = 30
 
-    def increment(txn: Transaction) -> None:
+    def increment(txn: StoreTransaction) -> None:
         raw = txn.get(("counter",))
         txn.set(("counter",), encode_int64(decode_int64(raw or encode_int64(0)) + 1))
 

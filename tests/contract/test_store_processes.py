@@ -6,14 +6,14 @@ import multiprocessing
 
 import pyarrow as pa
 import pytest
-from millstream.state import Store, Transaction, decode_int64, encode_int64
+from millstream.state import Store, StoreTransaction, decode_int64, encode_int64
 
 PROCESSES = 4
 ROUNDS = 40
 COUNTERS = 3
 
 
-def _increment_all(txn: Transaction) -> None:
+def _increment_all(txn: StoreTransaction) -> None:
     for c in range(COUNTERS):
         raw = txn.get(("counter", c))
         current = decode_int64(raw) if raw is not None else 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from millstream.exceptions import ConfigurationError, StoreConflictError
-from millstream.state import OUTPUT, QUEUES, SYSTEM, Store
-from millstream.state.records import (
+from millstream.ledger import (
+    OUTPUT,
+    QUEUES,
+    SYSTEM,
     MapperState,
     ProcessorInfo,
     ReducerState,
@@ -23,6 +25,7 @@ from millstream.state.records import (
     write_reducer_state,
     write_worker_status,
 )
+from millstream.state import Store
 
 
 def test_subspaces_are_distinct() -> None:

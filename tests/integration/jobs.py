@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from millstream.ledger import OUTPUT
 from millstream.state import decode_int64
-from millstream.state.records import OUTPUT
 
 KEYS = 1_000
 POISON_KEY = -1

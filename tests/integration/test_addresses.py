@@ -19,8 +19,8 @@ import millstream as ms
 import pytest
 from millstream.exceptions import ConfigurationError
 from millstream.inputs.store_queue import StoreQueue
+from millstream.ledger import WorkerInfo, list_workers
 from millstream.rpc.address import MapperAddress, host_port, is_loopback, mapper_address
-from millstream.state.records import WorkerInfo, list_workers
 from millstream.workers import run_worker
 
 from examples.keyed_sum import PreAggregate, SumIntoStore

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from jobs import expected_sums, keyed_processor, read_output, write_keyed_input
-from millstream.state.records import read_reducer_state
+from millstream.ledger import read_reducer_state
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from millstream.ledger import OUTPUT
 from millstream.state import decode_int64, open_store
-from millstream.state.records import OUTPUT
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pytest
 from jobs import PassThroughMapper, RowsReducer, keyed_processor, tuning, write_keyed_input
 from millstream.exceptions import ConfigurationError
-from millstream.runner.local import LocalRunner, summarize
+from millstream.ledger import summarize
+from millstream.runner.local import LocalRunner
 from millstream.workers.metrics import COMMIT_SECONDS_BUCKETS
 from prometheus_client.parser import text_string_to_metric_families
 from test_readme import ROOT, write_data
@@ -102,7 +103,7 @@ def test_scraped_metrics_match_the_input_the_store_and_the_restarts(tmp_path: Pa
         final = scrape(port)
         store = processor.open_store()
         try:
-            truth = summarize(processor, store, runner.restarts, 0.0)
+            truth = summarize(store, processor.info, runner.restarts, 0.0)
         finally:
             store.close()
     finally:

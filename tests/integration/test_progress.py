@@ -19,8 +19,8 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
+from millstream.ledger import read_mapper_state, read_reducer_state, read_statuses
 from millstream.runner.local import LocalRunner
-from millstream.state.records import read_mapper_state, read_reducer_state, read_statuses
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -183,11 +183,11 @@ def test_store_queue_input_is_trimmed_after_commit(tmp_path: Path) -> None:
 def test_a_second_run_reports_its_own_rate(tmp_path: Path) -> None:
     data = write_keyed_input(tmp_path / "in", 20_000)
     processor = keyed_processor(data, tmp_path / "state.db")
-    first = processor.run_local(timeout=120)
+    first = ms.run_local(processor, timeout=120)
     assert first.rows_read == 20_000
     assert first.rows_read_before == 0
     assert "in this run" not in str(first)
-    second = processor.run_local(timeout=120)  # the input is already drained
+    second = ms.run_local(processor, timeout=120)  # the input is already drained
     assert (second.rows_read, second.rows_read_before) == (20_000, 20_000)
     assert "20,000 rows read (0 in this run)" in str(second)
     assert "(0 rows/s, 0.0 MB/s shuffled)" in str(second)

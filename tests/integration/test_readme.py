@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from millstream.ledger import OUTPUT
 from millstream.state import decode_int64, open_store
-from millstream.state.records import OUTPUT
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md"]

@@ -30,7 +30,7 @@ def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def _guarded(code: str) -> str:
     lines = code.rstrip("\n").splitlines()
-    assert lines[-1].startswith("print(processor.run_local(")
+    assert lines[-1].startswith("print(ms.run_local(processor")
     return "\n".join([*lines[:-1], 'if __name__ == "__main__":', f"    {lines[-1]}", ""])
 
 

@@ -50,7 +50,7 @@ processor = ms.Processor(
 )
 
 if __name__ == "__main__":
-    print(processor.run_local(progress=True))
+    print(ms.run_local(processor, progress=True))
 """
 
 

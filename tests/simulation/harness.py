@@ -64,11 +64,7 @@ from millstream.exceptions import (
 from millstream.inputs.base import ReadResult
 from millstream.inputs.queue_producer import QueueProducer
 from millstream.inputs.store_queue import StoreQueue
-from millstream.processor import Processor
-from millstream.rpc.calls import GetRowsCall, GetRowsResult
-from millstream.state import Store, open_store, pack
-from millstream.state.base import run_transaction
-from millstream.state.records import (
+from millstream.ledger import (
     freshest_workers,
     list_workers,
     read_mapper_state,
@@ -77,6 +73,10 @@ from millstream.state.records import (
     register_worker,
     unregister_worker,
 )
+from millstream.processor import Processor
+from millstream.rpc.calls import GetRowsCall, GetRowsResult
+from millstream.state import Store, open_store, pack
+from millstream.state.base import run_transaction
 from millstream.testing import InProcessTransport, ManualClock
 from millstream.workers import MapperWorker, ReducerWorker
 

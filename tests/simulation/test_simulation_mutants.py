@@ -21,17 +21,16 @@ from millstream.api import Transaction
 from millstream.exceptions import CommitUnknownResultError, StoreConflictError
 from millstream.inputs.base import ReadResult
 from millstream.inputs.store_queue import StoreQueue
-from millstream.state import Transaction as StoreTransaction
-from millstream.state import pack, unpack
-from millstream.state.records import (
+from millstream.ledger import (
     ReducerState,
+    plan_key,
     read_reducer_state,
     reducer_state_key,
     write_reducer_state,
 )
+from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers import reducer as reducer_module
-from millstream.workers.mapper import plan_key
 
 from tests.simulation.test_protocol_simulation import PROFILE, ProtocolMachine
 

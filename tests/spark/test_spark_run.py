@@ -25,8 +25,8 @@ import pyarrow as pa
 import pytest
 from millstream.exceptions import ConfigurationError, MillstreamError
 from millstream.inputs.store_queue import StoreQueue
+from millstream.ledger import WorkerInfo, list_workers
 from millstream.spark import output_table, read_output, run, write_queue
-from millstream.state.records import WorkerInfo, list_workers
 from millstream.workers import run_worker
 
 from examples.keyed_sum import PreAggregate, SumIntoStore

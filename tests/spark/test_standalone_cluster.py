@@ -24,8 +24,8 @@ from typing import Any
 import millstream as ms
 import pytest
 from millstream.exceptions import ConfigurationError
+from millstream.ledger import WorkerInfo
 from millstream.spark import run
-from millstream.state.records import WorkerInfo
 from standalone import MASTER_HOST, StandaloneCluster, require_spark, spark_submit
 from test_spark_run import (
     Background,

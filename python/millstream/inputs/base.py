@@ -50,3 +50,17 @@ class PartitionReader(Protocol):
     def close(self) -> None:
         """Release resources."""
         ...
+
+
+@runtime_checkable
+class Input(Protocol):
+    """A partitioned input: one partition per mapper. Must pickle (workers are processes)."""
+
+    @property
+    def num_partitions(self) -> int:
+        """Number of partitions, hence of mappers."""
+        ...
+
+    def reader(self, partition: int) -> PartitionReader:
+        """A reader of one partition."""
+        ...

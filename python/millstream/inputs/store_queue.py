@@ -35,9 +35,9 @@ from millstream.exceptions import (
     StoreError,
 )
 from millstream.inputs.base import ReadResult
-from millstream.state.base import Store, Transaction
+from millstream.ledger import QUEUES
+from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import decode_int64, encode_int64, pack, unpack
-from millstream.state.records import QUEUES
 from millstream.state.url import open_store
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class StoreQueue:
         self._anonymous = threading.local()
         self._anonymous_ids = []
 
-    def _check_meta(self, txn: Transaction) -> None:
+    def _check_meta(self, txn: StoreTransaction) -> None:
         key = (*self._space, "meta")
         raw = txn.get(key)
         if raw is None:
@@ -215,7 +215,7 @@ class StoreQueue:
         for number, piece in enumerate(pieces):
 
             def append_piece(
-                txn: Transaction, piece: list[tuple[int, bytes]] = piece, number: int = number
+                txn: StoreTransaction, piece: list[tuple[int, bytes]] = piece, number: int = number
             ) -> tuple[int, int]:
                 return self._append_piece(
                     txn, partition, schema_ipc, piece, producer_id, sequence, number
@@ -237,7 +237,7 @@ class StoreQueue:
 
     def _append_piece(
         self,
-        txn: Transaction,
+        txn: StoreTransaction,
         partition: int,
         schema_ipc: bytes,
         chunks: list[tuple[int, bytes]],
@@ -295,7 +295,7 @@ class StoreQueue:
             The partition's final end row index.
         """
 
-        def seal(txn: Transaction) -> int:
+        def seal(txn: StoreTransaction) -> int:
             end = _decode_index(txn.get(self._key(partition, "end")))
             txn.set(self._key(partition, "sealed"), encode_int64(end))
             return end
@@ -326,7 +326,7 @@ class StoreQueue:
             idempotent=True,
         )
 
-    def _chunk_at(self, txn: Transaction, partition: int, row: int) -> tuple[int, int] | None:
+    def _chunk_at(self, txn: StoreTransaction, partition: int, row: int) -> tuple[int, int] | None:
         """``(begin, end)`` of the stored chunk holding ``row``, if any."""
         found = txn.get_range(
             self._key(partition, "rows"),
@@ -352,7 +352,7 @@ class StoreQueue:
             idempotent=True,
         )
 
-    def _read(self, txn: Transaction, partition: int, begin: int, max_rows: int) -> ReadResult:
+    def _read(self, txn: StoreTransaction, partition: int, begin: int, max_rows: int) -> ReadResult:
         first = _decode_index(txn.get(self._key(partition, "first"), snapshot=True))
         if begin < first:
             raise InputError(
@@ -419,7 +419,7 @@ class StoreQueue:
     def trim(self, partition: int, row_index: int) -> None:
         """Delete the rows below ``row_index``; idempotent, never moves backwards."""
 
-        def trim(txn: Transaction) -> None:
+        def trim(txn: StoreTransaction) -> None:
             first = _decode_index(txn.get(self._key(partition, "first")))
             if row_index <= first:
                 return
@@ -452,7 +452,7 @@ class StoreQueue:
         ]
         if keys:
 
-            def forget(txn: Transaction) -> None:
+            def forget(txn: StoreTransaction) -> None:
                 for key in keys:
                     txn.clear(key)
 

@@ -1,4 +1,5 @@
-"""Runners: where the workers' processes come from.
+"""The local runner: every worker a process on this machine (Spark's is
+:mod:`millstream.spark`).
 
 ``millstream.runner.forkserver`` needs only the standard library; the local runner is
 imported on first use of its names.
@@ -10,13 +11,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from millstream.runner.local import LocalRunner, RunStopped, RunSummary
+    from millstream.runner.local import LocalRunner, RunStopped, run_local
+
+_NAMES = ("LocalRunner", "RunStopped", "run_local")
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("LocalRunner", "RunStopped", "RunSummary"):
+    if name in _NAMES:
         return getattr(importlib.import_module("millstream.runner.local"), name)
     raise AttributeError(f"module 'millstream.runner' has no attribute {name!r}")
 
 
-__all__ = ["LocalRunner", "RunStopped", "RunSummary"]
+__all__ = ["LocalRunner", "RunStopped", "run_local"]

@@ -20,14 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from millstream.exceptions import (
-    ConfigurationError,
+    FATAL_ERRORS,
     CrashLoopError,
-    InputError,
     MillstreamError,
-    StoreCorruptError,
-    StoreLimitError,
     UserCodeError,
 )
+from millstream.ledger import RunSummary, prepare_store, read_status, summarize
 from millstream.runner.forkserver import (
     WorkerContext,
     die_with_parent,
@@ -37,9 +35,7 @@ from millstream.runner.forkserver import (
     worker_context,
 )
 from millstream.runner.metrics import MetricsServer
-from millstream.state import Store, Transaction, decode_int64
-from millstream.state.records import check_processor_info, read_mapper_state, read_statuses
-from millstream.workers import drained_key, mapped_key, reduced_key, run_worker
+from millstream.workers import run_worker
 from millstream.workers.metrics import MULTIPROC_ENV
 
 if TYPE_CHECKING:
@@ -53,65 +49,6 @@ other fatal error: configuration, input, store corruption or limits)."""
 WorkerId = tuple[str, int, int]
 """(role, index, instance): ``instance`` > 0 only for deliberate duplicates."""
 
-
-@dataclass(frozen=True)
-class RunSummary:
-    """What a drained run did.
-
-    The counts are the processor's totals over all its runs (its store keeps them); the
-    rates in ``str()`` are this run's: rows and bytes since it started over its wall time.
-
-    Attributes:
-        rows_read: Input rows whose effects are committed (sum over mappers).
-        rows_shuffled: Mapped rows (shuffle numbering, sum over mappers).
-        rows_reduced: Rows committed by reducers in total (all runs of this processor).
-        commits: Reducer transactions committed in total.
-        restarts: Worker processes restarted after dying, in this run.
-        seconds: Wall time of this run.
-        batches: Mapped batches whose effects were persisted (all runs; replays after a
-            restart count again).
-        bytes_shuffled: Arrow IPC bytes reducers fetched and committed (all runs).
-        rows_read_before: ``rows_read`` when this run started (earlier runs' rows).
-        bytes_shuffled_before: ``bytes_shuffled`` when this run started.
-        drained: False for a run that was stopped (Ctrl-C, SIGTERM) before its input
-            drained; a rerun resumes from its last commits.
-    """
-
-    rows_read: int
-    rows_shuffled: int
-    rows_reduced: int
-    commits: int
-    restarts: int
-    seconds: float
-    batches: int = 0
-    bytes_shuffled: int = 0
-    rows_read_before: int = 0
-    bytes_shuffled_before: int = 0
-    drained: bool = True
-
-    def __str__(self) -> str:
-        seconds = max(self.seconds, 1e-9)
-        rows = self.rows_read - self.rows_read_before
-        shuffled = self.bytes_shuffled - self.bytes_shuffled_before
-        this_run = f" ({rows:,} in this run)" if self.rows_read_before else ""
-        return (
-            f"{'drained' if self.drained else 'stopped'}: "
-            f"{self.rows_read:,} rows read{this_run} in {self.batches:,} batches, "
-            f"{self.rows_shuffled:,} shuffled ({self.bytes_shuffled / 1e6:,.1f} MB), "
-            f"{self.rows_reduced:,} reduced in {self.commits:,} commits, "
-            f"{self.restarts} restarts, {self.seconds:.2f} s "
-            f"({rows / seconds:,.0f} rows/s, {shuffled / seconds / 1e6:,.1f} MB/s shuffled)"
-        )
-
-
-FATAL_ERRORS: tuple[type[MillstreamError], ...] = (
-    UserCodeError,
-    ConfigurationError,
-    InputError,
-    StoreCorruptError,
-    StoreLimitError,
-)
-"""Errors a restart cannot cure: the worker reports them and the run stops."""
 
 _MAX_MESSAGE = 16_000
 """Characters of an error message a child sends (well below a pipe's buffer)."""
@@ -226,59 +163,6 @@ def _error_class(name: str) -> type[MillstreamError]:
         if cls.__name__ == name:
             return cls
     return MillstreamError
-
-
-def prepare_store(processor: Processor, store: Store) -> None:
-    """Checks and resets a runner does before starting workers.
-
-    Refuses a store holding another processor's state, and clears the drained markers of
-    an earlier run so that no reducer stops before this run's mappers have drained.
-    """
-
-    def prepare(txn: Transaction) -> None:
-        check_processor_info(txn, processor.info)
-        for m in range(processor.num_mappers):
-            txn.clear(drained_key(m))
-
-    # Idempotent: it checks the processor's record and clears markers.
-    store.transact(prepare, idempotent=True)
-
-
-def summarize(
-    processor: Processor,
-    store: Store,
-    restarts: int,
-    seconds: float,
-    before: RunSummary | None = None,
-    *,
-    drained: bool = True,
-) -> RunSummary:
-    """Totals of a processor from its store; ``before``: the totals when the run started."""
-    with store.read() as txn:
-        states = [read_mapper_state(txn, m) for m in range(processor.num_mappers)]
-
-        def counter(key: tuple[str, str, int, str]) -> int:
-            raw = txn.get(key)
-            return 0 if raw is None else decode_int64(raw)
-
-        reducers = range(processor.num_reducers)
-        rows = sum(counter(reduced_key(r, "rows")) for r in reducers)
-        commits = sum(counter(reduced_key(r, "commits")) for r in reducers)
-        shuffled = sum(counter(reduced_key(r, "bytes")) for r in reducers)
-        batches = sum(counter(mapped_key(m, "batches")) for m in range(processor.num_mappers))
-    return RunSummary(
-        sum(s.input_unread_row_index for s in states),
-        sum(s.shuffle_unread_row_index for s in states),
-        rows,
-        commits,
-        restarts,
-        seconds,
-        batches,
-        shuffled,
-        before.rows_read if before is not None else 0,
-        before.bytes_shuffled if before is not None else 0,
-        drained,
-    )
 
 
 class RunStopped(KeyboardInterrupt):
@@ -428,8 +312,8 @@ class LocalRunner:
         start_fork_server(self.processor)
         store = self.processor.open_store()
         try:
-            prepare_store(self.processor, store)
-            self._before = summarize(self.processor, store, 0, 0.0)
+            prepare_store(store, self.processor.info)
+            self._before = summarize(store, self.processor.info, 0, 0.0)
         finally:
             store.close()
         self._payload = dump_processor(self.processor)
@@ -610,7 +494,7 @@ class LocalRunner:
         store = self.processor.open_store()
         try:
             return summarize(
-                self.processor, store, self.restarts, seconds, self._before, drained=drained
+                store, self.processor.info, self.restarts, seconds, self._before, drained=drained
             )
         finally:
             store.close()
@@ -625,23 +509,18 @@ class LocalRunner:
         store = self.processor.open_store()
         try:
             with store.read() as txn:
-                statuses = read_statuses(txn)
+                status = read_status(
+                    txn, self.processor.name, self.processor.tuning.heartbeat_seconds
+                )
         finally:
             store.close()
-        read = sum(
-            int(v.get("rows_read", 0)) for (role, _), v in statuses.items() if role == "mapper"
-        )
-        committed = sum(
-            int(v.get("persisted_input_unread_row_index", 0))
-            for (role, _), v in statuses.items()
-            if role == "mapper"
-        )
-        window = sum(
-            int(v.get("window_bytes", 0)) for (role, _), v in statuses.items() if role == "mapper"
-        )
-        commits = sum(
-            int(v.get("commits", 0)) for (role, _), v in statuses.items() if role == "reducer"
-        )
+        if status is None:
+            return
+        mappers, reducers = status["mappers"], status["reducers"]
+        read = sum(m["rows_read"] for m in mappers)
+        committed = sum(m["rows_persisted"] for m in mappers)
+        window = sum(m["window_bytes"] for m in mappers)
+        commits = sum(r["commits"] for r in reducers)
         elapsed = time.monotonic() - self._started_at
         print(
             f"millstream: {elapsed:6.1f} s  read {read:,} rows  persisted {committed:,}  "
@@ -676,3 +555,30 @@ class LocalRunner:
     def _close_pipes(self) -> None:
         for slot in self._slots.values():
             slot.close()
+
+
+def run_local(
+    processor: Processor,
+    *,
+    progress: bool = False,
+    timeout: float | None = None,
+    metrics_port: int | None = None,
+) -> RunSummary:
+    """Run every worker of ``processor`` as a process on this machine until bounded inputs
+    drain; returns the run's summary.
+
+    Crashed workers are restarted as ``processor.tuning.restart`` says. Ctrl-C or SIGTERM
+    stops every worker, prints the summary to stderr and raises :class:`RunStopped`; a
+    rerun resumes from the last commits. With ``metrics_port``, every worker's and the
+    runner's Prometheus metrics are served at ``http://<host>:<metrics_port>/metrics``
+    while the run lasts.
+
+    Args:
+        processor: What to run.
+        progress: Print a progress line about once a second (to stderr).
+        timeout: Stop every worker and raise :class:`TimeoutError` if the input has not
+            drained after this many seconds.
+        metrics_port: Serve Prometheus metrics on this port (0: any free one).
+    """
+    runner = LocalRunner(processor, progress=progress, metrics_port=metrics_port)
+    return runner.run(timeout=timeout)

@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 
 from millstream.exceptions import ConfigurationError, DuplicateSequenceError
 from millstream.inputs.store_queue import StoreQueue
+from millstream.ledger import OUTPUT
 from millstream.state.keys import decode_int64
-from millstream.state.records import OUTPUT
 
 if TYPE_CHECKING:
     from millstream.processor import Processor

@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from millstream import exceptions
-from millstream.exceptions import ConfigurationError, CrashLoopError, MillstreamError
+from millstream.exceptions import FATAL_ERRORS, ConfigurationError, CrashLoopError, MillstreamError
+from millstream.ledger import RunSummary, prepare_store, summarize
 from millstream.runner.forkserver import MALLOC_ENV
-from millstream.runner.local import FATAL_ERRORS, RunSummary, prepare_store, summarize
 from millstream.spark.hosts import Deployment, check_deployment, deployment_of
 from millstream.spark.slots import SLOT_WAIT_SECONDS, wait_for_slots
 from millstream.workers import run_worker
@@ -196,8 +196,8 @@ def run(
     wait_for_slots(sc, n, f"{m} mappers + {r} reducers", timeout=slot_wait)
     store = processor.open_store()
     try:
-        prepare_store(processor, store)
-        before = summarize(processor, store, 0, 0.0)
+        prepare_store(store, processor.info)
+        before = summarize(store, processor.info, 0, 0.0)
     finally:
         store.close()
     # Python workers started for this job get the allocator settings the local runner uses.
@@ -257,7 +257,7 @@ def run(
         restarts = resubmitted + sum(attempt for _, _, attempt, _, _ in results)
     store = processor.open_store()
     try:
-        return summarize(processor, store, restarts, seconds, before)
+        return summarize(store, processor.info, restarts, seconds, before)
     finally:
         store.close()
 

@@ -11,22 +11,18 @@ Backends: ``sqlite:///abs/path.db`` (embedded, the default) and ``fdb://`` /
 ``fdb:///path/to/fdb.cluster`` (FoundationDB). Both enforce FoundationDB's limits.
 """
 
-from millstream.state.base import Store, Transaction
+from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import Key, decode_int64, encode_int64, pack, unpack
 from millstream.state.limits import DEFAULT_LIMITS, StoreLimits
-from millstream.state.records import OUTPUT, QUEUES, SYSTEM
 from millstream.state.url import ACCEPTED_FORMS, open_store, parse_store_url
 
 __all__ = [
     "ACCEPTED_FORMS",
     "DEFAULT_LIMITS",
-    "OUTPUT",
-    "QUEUES",
-    "SYSTEM",
     "Key",
     "Store",
     "StoreLimits",
-    "Transaction",
+    "StoreTransaction",
     "decode_int64",
     "encode_int64",
     "open_store",

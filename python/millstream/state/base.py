@@ -44,8 +44,8 @@ def backoff_delay(attempt: int) -> float:
 
 
 def run_transaction(
-    create: Callable[[], Transaction],
-    fn: Callable[[Transaction], T],
+    create: Callable[[], StoreTransaction],
+    fn: Callable[[StoreTransaction], T],
     *,
     idempotent: bool = False,
     max_retries: int | None = DEFAULT_MAX_RETRIES,
@@ -116,7 +116,7 @@ def _as_array(values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> pa.Array:
     return pa.array(values)
 
 
-class Transaction(ABC):
+class StoreTransaction(ABC):
     """One transaction: reads see a consistent snapshot plus this transaction's own writes.
 
     Writes are applied atomically by :meth:`commit`, which fails with
@@ -494,15 +494,15 @@ class Store(ABC):
         return self._limits
 
     @abstractmethod
-    def create_transaction(self) -> Transaction:
-        """Start a transaction; commit it with :meth:`Transaction.commit`."""
+    def create_transaction(self) -> StoreTransaction:
+        """Start a transaction; commit it with :meth:`StoreTransaction.commit`."""
 
     @abstractmethod
     def close(self) -> None:
         """Release connections. Transactions still open become unusable."""
 
     @contextlib.contextmanager
-    def read(self) -> Iterator[Transaction]:
+    def read(self) -> Iterator[StoreTransaction]:
         """A transaction to read in, reset when the block ends (it never commits).
 
         ``with store.read() as tr: state = read_mapper_state(tr, m)``. Writes made in it
@@ -516,7 +516,7 @@ class Store(ABC):
 
     def transact(
         self,
-        fn: Callable[[Transaction], T],
+        fn: Callable[[StoreTransaction], T],
         *,
         idempotent: bool = False,
         max_retries: int | None = DEFAULT_MAX_RETRIES,
@@ -569,7 +569,7 @@ __all__ = [
     "BACKOFF_CAP_SECONDS",
     "DEFAULT_MAX_RETRIES",
     "Store",
-    "Transaction",
+    "StoreTransaction",
     "backoff_delay",
     "run_transaction",
 ]

@@ -29,7 +29,7 @@ from millstream.exceptions import (
     TransactionTooOldError,
     ValueTooLargeError,
 )
-from millstream.state.base import Store, Transaction
+from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import Key
 from millstream.state.limits import StoreLimits
 
@@ -268,7 +268,7 @@ def store_error(code: int, description: str, where: str, *, retryable: bool = Fa
     return StoreError(text)
 
 
-class FdbTransaction(Transaction):
+class FdbTransaction(StoreTransaction):
     """A transaction on a :class:`FdbStore`: a thin layer over ``fdb.Transaction``."""
 
     def __init__(self, store: FdbStore) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from millstream.exceptions import StoreConflictError, TransactionTooOldError
-from millstream.state.base import Store, Transaction
+from millstream.state.base import Store, StoreTransaction
 
 _WRITE = object()
 """The recorded result of a write (nothing to compare on replay)."""
@@ -32,7 +32,7 @@ _SNAPSHOT = object()
 """The recorded result of a snapshot read (not conflict-checked, so not re-read)."""
 
 
-class ReplayingTransaction(Transaction):
+class ReplayingTransaction(StoreTransaction):
     """A transaction whose user code may run longer than the store's transaction limit.
 
     Args:
@@ -47,7 +47,7 @@ class ReplayingTransaction(Transaction):
     def __init__(self, store: Store, *, renew_after_seconds: float | None = None) -> None:
         super().__init__(store)
         self._open = store.create_transaction
-        self._inner: Transaction | None = None
+        self._inner: StoreTransaction | None = None
         self._inner_started = 0.0
         self._log: list[tuple[str, tuple[Any, ...], Any]] = []
         limit = self._limits.max_transaction_seconds
@@ -59,13 +59,13 @@ class ReplayingTransaction(Transaction):
         if self._started is None:
             self._started = self._clock()
 
-    def _fresh(self) -> Transaction:
+    def _fresh(self) -> StoreTransaction:
         inner = self._open()
         inner._start_write()  # its own commit checks its age (the SQLite store's limit)
         self._inner, self._inner_started = inner, self._clock()
         return inner
 
-    def _current(self) -> Transaction:
+    def _current(self) -> StoreTransaction:
         if self._inner is None:
             return self._fresh()
         if self._clock() - self._inner_started > self._renew_after:
@@ -156,7 +156,7 @@ class ReplayingTransaction(Transaction):
         Raises:
             StoreConflictError: Something read changed (also: while the user code ran).
             TransactionTooOldError: The reads and writes alone take longer than the limit.
-            CommitUnknownResultError, StoreUnavailableError: As :meth:`Transaction.commit`.
+            CommitUnknownResultError, StoreUnavailableError: As :meth:`StoreTransaction.commit`.
         """
         self._raw_commit()
 

@@ -33,7 +33,7 @@ from millstream.exceptions import (
     StoreError,
     StoreUnavailableError,
 )
-from millstream.state.base import Store, Transaction
+from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import Key, decode_int64, wrap_int64
 from millstream.state.limits import StoreLimits
 
@@ -235,7 +235,7 @@ def map_sqlite_error(exc: sqlite3.Error, path: str, busy_timeout_ms: int) -> Sto
     return StoreError(f"SQLite store {path}: {text}")
 
 
-class SqliteTransaction(Transaction):
+class SqliteTransaction(StoreTransaction):
     """A transaction on a :class:`SqliteStore` (see the module docstring for the model)."""
 
     def __init__(self, store: SqliteStore) -> None:

@@ -95,7 +95,7 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
             ``fdb://`` (FoundationDB, default cluster file) or
             ``fdb:///path/to/fdb.cluster``.
         prefix: Tuple all keys of this store object live under, e.g. ``("wordcount",)``.
-        limits: Transaction limits; FoundationDB's by default (lower them in tests).
+        limits: StoreTransaction limits; FoundationDB's by default (lower them in tests).
 
     Raises:
         ConfigurationError: The URL is malformed.

@@ -13,22 +13,25 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from millstream.exceptions import ConfigurationError, RetryableStoreError, StoreUnavailableError
-from millstream.rpc.address import LOOPBACK, host_port, mapper_address
-from millstream.rpc.client import GrpcRowsClient
-from millstream.rpc.server import RowsServer
-from millstream.state import Store, Transaction
-from millstream.state.records import (
+from millstream.ledger import (
     Metric,
     WorkerInfo,
     check_processor_info,
+    drained_key,
+    mapped_key,
+    reduced_key,
     register_worker,
     unregister_worker,
     write_worker_status,
 )
+from millstream.rpc.address import LOOPBACK, host_port, mapper_address
+from millstream.rpc.client import GrpcRowsClient
+from millstream.rpc.server import RowsServer
+from millstream.state import Store, StoreTransaction
 from millstream.workers import metrics as prometheus
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock, ManualClock, SystemClock
-from millstream.workers.mapper import MapperWorker, drained_key, mapped_key
-from millstream.workers.reducer import ReducerWorker, reduced_key
+from millstream.workers.mapper import MapperWorker
+from millstream.workers.reducer import ReducerWorker
 from millstream.workers.status import MapperStatus, ReducerStatus
 
 if TYPE_CHECKING:
@@ -73,7 +76,7 @@ class Heartbeat:
         metrics = self._metrics()
         now = SYSTEM_CLOCK.wall()
 
-        def write(txn: Transaction) -> WorkerInfo:
+        def write(txn: StoreTransaction) -> WorkerInfo:
             info = register_worker(
                 txn,
                 self._role,

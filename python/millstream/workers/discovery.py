@@ -8,7 +8,7 @@ Among the live entries of an index, the newest registration is the current insta
 
 from __future__ import annotations
 
-from millstream.state.records import WorkerInfo, freshest_workers
+from millstream.ledger import WorkerInfo, freshest_workers
 from millstream.workers.clock import Clock
 
 EXPIRY_HEARTBEATS = 10
@@ -39,7 +39,7 @@ class DiscoveryView:
         Returns:
             The current instance of every index that has a live entry, and the entries
             found dead (to be removed with
-            :func:`~millstream.state.records.remove_stale_workers`).
+            :func:`~millstream.ledger.remove_stale_workers`).
         """
         now = self._clock.now()
         seen: dict[tuple[int, str], tuple[tuple[int, int], float]] = {}

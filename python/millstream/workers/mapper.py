@@ -30,30 +30,22 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.inputs.base import PartitionReader, ReadResult
+from millstream.ledger import (
+    MapperState,
+    drained_key,
+    mapped_key,
+    plan_key,
+    read_mapper_state,
+    write_mapper_state,
+)
 from millstream.rpc.calls import max_payload_bytes
-from millstream.state import Store, Transaction, pack, unpack
-from millstream.state.records import SYSTEM, MapperState, read_mapper_state, write_mapper_state
+from millstream.state import Store, StoreTransaction, pack, unpack
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
 
 log = logging.getLogger("millstream.mapper")
-
-
-def drained_key(mapper_index: int) -> tuple[str, str, int]:
-    """Key a mapper sets once every row of its bounded input has its effect committed."""
-    return (*SYSTEM, "drained", mapper_index)
-
-
-def plan_key(mapper_index: int, begin_row_index: int) -> tuple[str, str, int, int]:
-    """Key of the recorded end of mapper ``mapper_index``'s batch starting at an input row."""
-    return (*SYSTEM, "plan", mapper_index, begin_row_index)
-
-
-def mapped_key(mapper_index: int, what: str) -> tuple[str, str, int, str]:
-    """Counter key of a mapper's totals (``batches``: map calls whose rows were persisted)."""
-    return (*SYSTEM, "mapped", mapper_index, what)
 
 
 class MapperWorker:
@@ -127,7 +119,7 @@ class MapperWorker:
         with self.store.read() as txn:
             self._verify_persisted(txn)
 
-    def _verify_persisted(self, txn: Transaction) -> None:
+    def _verify_persisted(self, txn: StoreTransaction) -> None:
         """Raise :class:`SplitBrainError` if ``txn`` sees another persisted state."""
         current = read_mapper_state(txn, self.index)
         if current != self.persisted:
@@ -397,7 +389,7 @@ class MapperWorker:
     def mark_drained(self) -> None:
         """Record in the store that this mapper's rows are all committed (checked state)."""
 
-        def mark(txn: Transaction) -> None:
+        def mark(txn: StoreTransaction) -> None:
             self._verify_persisted(txn)
             txn.set(drained_key(self.index), pack((self.persisted.input_unread_row_index,)))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-from millstream.state.records import Metric
+from millstream.ledger import Metric
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """The variable ``prometheus_client`` reads its multiprocess directory from."""

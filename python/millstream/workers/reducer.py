@@ -27,31 +27,26 @@ from millstream.exceptions import (
     TransactionTooOldError,
     UserCodeError,
 )
-from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsClient
-from millstream.state import Store
-from millstream.state.records import (
-    SYSTEM,
+from millstream.ledger import (
     ReducerState,
     WorkerInfo,
+    drained_key,
     list_workers,
     read_reducer_state,
+    reduced_key,
     remove_stale_workers,
     write_reducer_state,
 )
+from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsClient
+from millstream.state import Store
 from millstream.state.replay import ReplayingTransaction
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 from millstream.workers.discovery import DiscoveryView
-from millstream.workers.mapper import drained_key
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
 
 log = logging.getLogger("millstream.reducer")
-
-
-def reduced_key(reducer_index: int, what: str) -> tuple[str, str, int, str]:
-    """Counter key of a reducer's committed totals (``rows``, ``bytes``, ``commits``)."""
-    return (*SYSTEM, "reduced", reducer_index, what)
 
 
 class ReducerWorker:

@@ -15,10 +15,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from millstream.state.records import Metric
+from millstream.ledger import Metric
 
 if TYPE_CHECKING:
-    from millstream.processor import Input
+    from millstream.inputs.base import Input
 
 log = logging.getLogger("millstream.workers")
 

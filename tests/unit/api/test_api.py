@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from millstream.exceptions import ConfigurationError, InputError
 from millstream.inputs.parquet_log import ParquetLogReader
+from millstream.ledger import OUTPUT
 from millstream.state import decode_int64, open_store
-from millstream.state.records import OUTPUT
 
 
 def _batch(n: int) -> pa.RecordBatch:

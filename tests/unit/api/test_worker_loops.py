@@ -14,8 +14,8 @@ from pathlib import Path
 import millstream as ms
 import pytest
 from millstream.exceptions import UserCodeError
+from millstream.ledger import OUTPUT, list_workers, read_statuses
 from millstream.state import decode_int64
-from millstream.state.records import OUTPUT, list_workers, read_statuses
 from millstream.workers import run_worker
 from worker_fixtures import CountRows, MemoryInput, PassThrough, expected_counts, tables
 

@@ -19,16 +19,16 @@ from millstream.exceptions import (
     StaleMapperError,
     UserCodeError,
 )
-from millstream.rpc.calls import RowsHandler
-from millstream.state import Store, decode_int64, encode_int64, open_store
-from millstream.state.limits import StoreLimits
-from millstream.state.records import (
+from millstream.ledger import (
     OUTPUT,
     list_workers,
     read_mapper_state,
     read_reducer_state,
     register_worker,
 )
+from millstream.rpc.calls import RowsHandler
+from millstream.state import Store, decode_int64, encode_int64, open_store
+from millstream.state.limits import StoreLimits
 from millstream.testing import InProcessTransport
 from millstream.workers import Heartbeat, ManualClock, MapperWorker, ReducerWorker
 from worker_fixtures import (

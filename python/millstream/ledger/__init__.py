@@ -1,0 +1,88 @@
+"""The protocol's ledger: every record millstream keeps in the store, one module per role.
+
+The store (:mod:`millstream.state`) is a plain ordered key-value store; what its keys mean
+lives here. Workers, runners, the CLI and Spark read and write the protocol's records
+through these modules, never through each other:
+
+- :mod:`.subspaces`: where records live (``SYSTEM``, ``OUTPUT``, ``QUEUES``);
+- :mod:`.mapper`: a mapper's persisted state, batch plans, drained marker, totals;
+- :mod:`.reducer`: a reducer's committed row indices and totals;
+- :mod:`.discovery`: live workers' entries and their published metrics;
+- :mod:`.processor`: the processor's counts, the runner's checks and the run totals;
+- :mod:`.status`: one snapshot of all of it, for ``millstream status`` and progress.
+"""
+
+from millstream.ledger.discovery import (
+    Metric,
+    WorkerInfo,
+    freshest_workers,
+    list_workers,
+    read_statuses,
+    register_worker,
+    remove_stale_workers,
+    unregister_worker,
+    write_worker_status,
+)
+from millstream.ledger.mapper import (
+    MapperState,
+    drained_key,
+    mapped_key,
+    mapper_state_key,
+    plan_key,
+    read_mapper_state,
+    write_mapper_state,
+)
+from millstream.ledger.processor import (
+    ProcessorInfo,
+    RunSummary,
+    check_processor_info,
+    prepare_store,
+    read_processor_info,
+    summarize,
+    write_processor_info,
+)
+from millstream.ledger.reducer import (
+    ReducerState,
+    read_reducer_state,
+    reduced_key,
+    reducer_state_key,
+    write_reducer_state,
+)
+from millstream.ledger.status import read_status
+from millstream.ledger.subspaces import OUTPUT, QUEUES, ROLES, SYSTEM
+
+__all__ = [
+    "OUTPUT",
+    "QUEUES",
+    "ROLES",
+    "SYSTEM",
+    "MapperState",
+    "Metric",
+    "ProcessorInfo",
+    "ReducerState",
+    "RunSummary",
+    "WorkerInfo",
+    "check_processor_info",
+    "drained_key",
+    "freshest_workers",
+    "list_workers",
+    "mapped_key",
+    "mapper_state_key",
+    "plan_key",
+    "prepare_store",
+    "read_mapper_state",
+    "read_processor_info",
+    "read_reducer_state",
+    "read_status",
+    "read_statuses",
+    "reduced_key",
+    "reducer_state_key",
+    "register_worker",
+    "remove_stale_workers",
+    "summarize",
+    "unregister_worker",
+    "write_mapper_state",
+    "write_processor_info",
+    "write_reducer_state",
+    "write_worker_status",
+]

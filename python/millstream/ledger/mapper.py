@@ -1,0 +1,87 @@
+"""A mapper's records: its persisted state, batch plans, drained marker and totals
+(thesis 4.3.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from millstream.ledger.subspaces import SYSTEM, bad_record
+from millstream.state.base import StoreTransaction
+from millstream.state.keys import pack, unpack
+
+
+@dataclass(frozen=True)
+class MapperState:
+    """A mapper's persisted state (thesis 4.3.2).
+
+    Attributes:
+        input_unread_row_index: First input row not yet fully processed and committed.
+        shuffle_unread_row_index: The same point in the shuffle numbering.
+        continuation_token: The partition reader's token at that point.
+        version: Incremented by every write, so a mapper detects another instance's write
+            (split brain) even when the values repeat.
+    """
+
+    input_unread_row_index: int = 0
+    shuffle_unread_row_index: int = 0
+    continuation_token: bytes = b""
+    version: int = 0
+
+
+def mapper_state_key(mapper_index: int) -> tuple[str, str, int]:
+    """The key of mapper ``mapper_index``'s state."""
+    return (*SYSTEM, "mapper", mapper_index)
+
+
+def read_mapper_state(txn: StoreTransaction, mapper_index: int) -> MapperState:
+    """Read a mapper's persisted state (the initial state if never written)."""
+    raw = txn.get(mapper_state_key(mapper_index))
+    if raw is None:
+        return MapperState()
+    try:
+        i, s, token, version = unpack(raw)
+        return MapperState(int(i), int(s), bytes(token), int(version))
+    except Exception as exc:
+        raise bad_record(f"state of mapper {mapper_index}", raw, exc) from exc
+
+
+def write_mapper_state(txn: StoreTransaction, mapper_index: int, state: MapperState) -> MapperState:
+    """Write a mapper's state with its version bumped past the stored one.
+
+    Returns:
+        The state as written (with the new version); compare later reads against it.
+    """
+    stored = read_mapper_state(txn, mapper_index)
+    written = MapperState(
+        state.input_unread_row_index,
+        state.shuffle_unread_row_index,
+        state.continuation_token,
+        max(state.version, stored.version) + 1,
+    )
+    txn.set(
+        mapper_state_key(mapper_index),
+        pack(
+            (
+                written.input_unread_row_index,
+                written.shuffle_unread_row_index,
+                written.continuation_token,
+                written.version,
+            )
+        ),
+    )
+    return written
+
+
+def drained_key(mapper_index: int) -> tuple[str, str, int]:
+    """Key a mapper sets once every row of its bounded input has its effect committed."""
+    return (*SYSTEM, "drained", mapper_index)
+
+
+def plan_key(mapper_index: int, begin_row_index: int) -> tuple[str, str, int, int]:
+    """Key of the recorded end of mapper ``mapper_index``'s batch starting at an input row."""
+    return (*SYSTEM, "plan", mapper_index, begin_row_index)
+
+
+def mapped_key(mapper_index: int, what: str) -> tuple[str, str, int, str]:
+    """Counter key of a mapper's totals (``batches``: map calls whose rows were persisted)."""
+    return (*SYSTEM, "mapped", mapper_index, what)

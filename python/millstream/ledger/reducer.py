@@ -1,0 +1,64 @@
+"""A reducer's records: the committed row index per mapper and its totals (thesis 4.4.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from millstream.exceptions import ConfigurationError
+from millstream.ledger.subspaces import SYSTEM, bad_record
+from millstream.state.base import StoreTransaction
+from millstream.state.keys import pack, unpack
+
+
+@dataclass(frozen=True)
+class ReducerState:
+    """A reducer's persisted state (thesis 4.4.1).
+
+    Attributes:
+        committed_row_indices: Per mapper, the last shuffle row index this reducer has
+            committed; ``-1`` when nothing from that mapper was committed yet.
+    """
+
+    committed_row_indices: tuple[int, ...]
+
+    @classmethod
+    def initial(cls, num_mappers: int) -> ReducerState:
+        """The state before the first commit."""
+        return cls((-1,) * num_mappers)
+
+
+def reducer_state_key(reducer_index: int) -> tuple[str, str, int]:
+    """The key of reducer ``reducer_index``'s state."""
+    return (*SYSTEM, "reducer", reducer_index)
+
+
+def read_reducer_state(txn: StoreTransaction, reducer_index: int, num_mappers: int) -> ReducerState:
+    """Read a reducer's persisted state.
+
+    Raises:
+        ConfigurationError: The stored state has a different number of mappers.
+    """
+    raw = txn.get(reducer_state_key(reducer_index))
+    if raw is None:
+        return ReducerState.initial(num_mappers)
+    try:
+        indices = tuple(int(i) for i in unpack(raw))
+    except Exception as exc:
+        raise bad_record(f"state of reducer {reducer_index}", raw, exc) from exc
+    if len(indices) != num_mappers:
+        raise ConfigurationError(
+            f"reducer {reducer_index} has committed state for {len(indices)} mappers but the "
+            f"processor is configured with {num_mappers}; changing the number of mappers of "
+            "an existing processor is not supported (use a new store prefix)"
+        )
+    return ReducerState(indices)
+
+
+def write_reducer_state(txn: StoreTransaction, reducer_index: int, state: ReducerState) -> None:
+    """Write a reducer's state (in the transaction that holds the reducer's output)."""
+    txn.set(reducer_state_key(reducer_index), pack(tuple(state.committed_row_indices)))
+
+
+def reduced_key(reducer_index: int, what: str) -> tuple[str, str, int, str]:
+    """Counter key of a reducer's committed totals (``rows``, ``bytes``, ``commits``)."""
+    return (*SYSTEM, "reduced", reducer_index, what)

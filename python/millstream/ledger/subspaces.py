@@ -1,0 +1,41 @@
+"""Where the protocol's records live under a processor's store prefix.
+
+- ``SYSTEM + ("mapper", m)``: persisted state of mapper ``m`` (:mod:`.mapper`).
+- ``SYSTEM + ("plan", m, begin)``, ``("drained", m)``, ``("mapped", m, what)``: mapper
+  ``m``'s batch plans, drained marker and totals (:mod:`.mapper`).
+- ``SYSTEM + ("reducer", r)``, ``("reduced", r, what)``: committed row indices and totals
+  of reducer ``r`` (:mod:`.reducer`).
+- ``SYSTEM + ("workers", role, index, guid)``, ``("registrations", role)``,
+  ``("status", role, index)``: discovery entries and worker metrics (:mod:`.discovery`).
+- ``SYSTEM + ("processor",)``: counts and fingerprint of the processor (:mod:`.processor`).
+- ``OUTPUT + ...``: the user's reducer output; ``QUEUES + ...``: store-backed input queues.
+
+Records are encoded with the tuple layer (states) or JSON (metrics, metadata), both stable.
+"""
+
+from __future__ import annotations
+
+from millstream.exceptions import StoreCorruptError
+
+SYSTEM: tuple[str] = ("sys",)
+"""Subspace of millstream's own records."""
+
+OUTPUT: tuple[str] = ("out",)
+"""Subspace for the user's output (reducers write under it)."""
+
+QUEUES: tuple[str] = ("queue",)
+"""Subspace of store-backed input queues."""
+
+ROLES = ("mapper", "reducer")
+"""The two worker roles."""
+
+
+def bad_record(what: str, raw: bytes, exc: Exception) -> StoreCorruptError:
+    """The error for a stored record that does not decode."""
+    return StoreCorruptError(f"cannot decode the stored {what} ({raw[:64]!r}): {exc}")
+
+
+def check_role(role: str) -> None:
+    """Refuse a role other than ``mapper`` or ``reducer``."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
