@@ -24,11 +24,11 @@ if TYPE_CHECKING:
     from millstream import exceptions, inputs
     from millstream._core import __version__
     from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
-    from millstream.config import RestartStrategy
     from millstream.inputs.base import Input, PartitionReader, ReadResult
     from millstream.ledger import RunSummary
     from millstream.processor import Processor
     from millstream.runner.local import RunStopped, run_local
+    from millstream.tuning import RestartStrategy
 
 _WHERE = {
     "Input": "millstream.inputs.base",
@@ -38,7 +38,7 @@ _WHERE = {
     "Processor": "millstream.processor",
     "ReadResult": "millstream.inputs.base",
     "Reducer": "millstream.api",
-    "RestartStrategy": "millstream.config",
+    "RestartStrategy": "millstream.tuning",
     "RunStopped": "millstream.runner.local",
     "RunSummary": "millstream.ledger",
     "Transaction": "millstream.api",

@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow as pa
 
 from millstream import _core
-from millstream.config import Tuning
 from millstream.ledger import OUTPUT
 from millstream.state import StoreTransaction, decode_int64
+from millstream.tuning import Tuning
 
 Key = tuple[Any, ...]
 

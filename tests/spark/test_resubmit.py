@@ -14,7 +14,7 @@ from millstream.exceptions import (
     TransactionTooLargeError,
     UserCodeError,
 )
-from millstream.spark.runner import _failed_again, _translate
+from millstream.spark.launch import _failed_again, _translate
 
 from examples.keyed_sum import PreAggregate, SumIntoStore
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from millstream.exceptions import ConfigurationError
-from millstream.spark.runner import _check_speculation
+from millstream.spark.launch import _check_speculation
 from millstream.spark.slots import Slots, slots_of, wait_for_slots
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from millstream.config import Tuning
+from millstream.tuning import Tuning
 
 LOOPBACK = "127.0.0.1"
 """The address workers that all run on this machine advertise and bind."""

@@ -9,7 +9,7 @@ out = mss.read_output(spark, processor, ("sum",))  # reducer output -> DataFrame
 
 from millstream.spark.frames import output_table, read_output, write_queue
 from millstream.spark.hosts import Deployment, check_deployment, executor_host, is_local_master
-from millstream.spark.runner import run, worker_of
+from millstream.spark.launch import run, worker_of
 from millstream.spark.slots import Slots, available_slots, check_slots, slots_of, wait_for_slots
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The Spark runner: every worker is a long-running task of one Spark job.
+"""The Spark launcher: every worker is a long-running task of one Spark job.
 
 The job has ``num_mappers + num_reducers`` partitions; partition ``i < num_mappers`` runs
 mapper ``i`` and the others run the reducers, each through
