@@ -14,7 +14,7 @@ from millstream.exceptions import (
 )
 from millstream.state import open_store, parse_store_url
 from millstream.state.fdb_backend import load_fdb
-from millstream.state.sqlite import _begin
+from millstream.state.sqlite.sql import begin_transaction as _begin
 
 
 @pytest.mark.parametrize(

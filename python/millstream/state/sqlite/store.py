@@ -1,0 +1,202 @@
+"""The embedded store: one SQLite file in WAL mode and a pool of connections."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from millstream.exceptions import (
+    StoreCorruptError,
+    StoreError,
+    StoreUnavailableError,
+)
+from millstream.state.base import Store
+from millstream.state.keys import Key
+from millstream.state.limits import StoreLimits
+from millstream.state.sqlite.sql import (
+    APPLICATION_ID,
+    DEFAULT_BUSY_TIMEOUT_MS,
+    DEFAULT_CHECKPOINT_PAGES,
+    SCHEMA_VERSION,
+    begin_transaction,
+    map_sqlite_error,
+    sql_add,
+)
+from millstream.state.sqlite.transaction import SqliteTransaction
+
+
+class SqliteStore(Store):
+    """The embedded store on one SQLite file (see the module docstring).
+
+    Open it with ``open_store("sqlite:///abs/path/file.db")``. Connections are pooled and
+    handed to one transaction at a time, so threads share a store safely; after a fork the
+    child opens its own connections. ``clock`` (monotonic seconds, default the real clock)
+    times transactions against the five-second limit; simulations pass their own.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        path: str,
+        prefix: Key = (),
+        limits: StoreLimits | None = None,
+        *,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        synchronous: str = "FULL",
+        checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        super().__init__(url, prefix, limits)
+        if clock is not None:
+            self.clock = clock
+        self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._synchronous = synchronous
+        self._checkpoint_pages = checkpoint_pages
+        self._lock = threading.Lock()
+        self._pool: list[sqlite3.Connection] = []
+        self._pid = os.getpid()
+        self._closed = False
+        self._initialize()
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    @property
+    def busy_timeout_ms(self) -> int:
+        """How long a transaction waits to start while another connection holds a lock."""
+        return self._busy_timeout_ms
+
+    def error(self, exc: sqlite3.Error) -> StoreError:
+        """The millstream error for a sqlite3 error on this store."""
+        return map_sqlite_error(exc, self._path, self._busy_timeout_ms)
+
+    def _connect(self) -> sqlite3.Connection:
+        directory = os.path.dirname(self._path) or "."
+        if not os.path.isdir(directory):
+            raise StoreUnavailableError(
+                f"cannot open SQLite store {self._path}: directory {directory} does not exist"
+            )
+        try:
+            conn = sqlite3.connect(
+                self._path,
+                timeout=0,  # every wait is in begin
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=64,
+            )
+        except sqlite3.Error as exc:
+            raise self.error(exc) from exc
+        try:
+            # The first statement reads the schema, which can find the store busy.
+            settings = (
+                "PRAGMA busy_timeout = 0",
+                f"PRAGMA synchronous = {self._synchronous}",
+                "PRAGMA cache_size = -32768",
+                f"PRAGMA wal_autocheckpoint = {int(self._checkpoint_pages)}",
+            )
+            begin_transaction(conn, settings, self._busy_timeout_ms)
+            conn.create_function("ms_add", 2, sql_add, deterministic=True)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self.error(exc) from exc
+        return conn
+
+    def _initialize(self) -> None:
+        conn = self._connect()
+
+        def query(sql: str) -> list[Any]:
+            return begin_transaction(conn, (sql,), self._busy_timeout_ms)
+
+        try:
+            app_id = query("PRAGMA application_id")[0][0]
+            tables = {
+                row[0] for row in query("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables - {"kv"}):
+                raise StoreCorruptError(
+                    f"{self._path} is an SQLite database but not a millstream store "
+                    f"(application_id {app_id:#x}, tables {sorted(tables)}). Point the store "
+                    "URL at a new file."
+                )
+            if query("PRAGMA journal_mode")[0][0].lower() != "wal":
+                mode = query("PRAGMA journal_mode = WAL")[0][0]
+                if mode.lower() != "wal":
+                    raise StoreUnavailableError(
+                        f"SQLite store {self._path} cannot use WAL mode (got {mode}); put it "
+                        "on a local file system"
+                    )
+            if app_id == 0:
+                begin_transaction(conn, ("BEGIN IMMEDIATE",), self._busy_timeout_ms)
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY NOT NULL, "
+                    "value NOT NULL) WITHOUT ROWID"
+                )
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            else:
+                version = query("PRAGMA user_version")[0][0]
+                if version != SCHEMA_VERSION or "kv" not in tables:
+                    raise StoreCorruptError(
+                        f"SQLite store {self._path} has schema version {version}, expected "
+                        f"{SCHEMA_VERSION}; it was written by another millstream version"
+                    )
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self.error(exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._pool.append(conn)
+
+    def checkout(self) -> sqlite3.Connection:
+        """Take a connection from the pool (or open one)."""
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailableError(f"SQLite store {self._path} is closed")
+            if self._pid != os.getpid():
+                _inherited.extend(self._pool)
+                self._pool = []
+                self._pid = os.getpid()
+            if self._pool:
+                return self._pool.pop()
+        return self._connect()
+
+    def release(self, conn: sqlite3.Connection) -> None:
+        """Return a connection to the pool."""
+        with self._lock:
+            if self._pid != os.getpid():
+                _inherited.append(conn)
+                return
+            if self._closed or conn.in_transaction or len(self._pool) >= 8:
+                conn.close()
+                return
+            self._pool.append(conn)
+
+    def create_transaction(self) -> SqliteTransaction:
+        """Start a transaction."""
+        if self._closed:
+            raise StoreUnavailableError(f"SQLite store {self._path} is closed")
+        return SqliteTransaction(self)
+
+    def close(self) -> None:
+        """Close pooled connections; transactions still open keep theirs until they end."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, []
+        if self._pid == os.getpid():
+            for conn in pool:
+                conn.close()
+
+
+_inherited: list[sqlite3.Connection] = []
+"""Connections inherited through fork: kept open and unused (closing them is unsafe)."""
+
+
+__all__ = ["SqliteStore"]

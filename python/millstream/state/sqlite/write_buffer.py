@@ -1,0 +1,74 @@
+"""A transaction's buffered writes: point operations, cleared ranges and batches, composed
+so that reads see them before the commit applies them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from millstream.state.keys import decode_int64, encode_int64, wrap_int64
+
+SET, CLEAR, ADD = 0, 1, 2
+"""Kinds of a point write."""
+
+
+def add_bytes(base: bytes | None, delta: int) -> bytes:
+    """``base`` (an 8-byte value or nothing) plus ``delta``, as atomic add computes it."""
+    return encode_int64(wrap_int64((decode_int64(base) if base else 0) + delta))
+
+
+@dataclass
+class PointOps:
+    """Consecutive single-key writes, composed per key: kind is SET, CLEAR or ADD."""
+
+    ops: dict[bytes, tuple[int, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class ClearRange:
+    begin: bytes
+    end: bytes
+
+
+@dataclass
+class BatchSet:
+    keys: list[bytes]
+    values: list[bytes]
+    _index: dict[bytes, bytes] | None = None
+
+    def index(self) -> dict[bytes, bytes]:
+        if self._index is None:
+            self._index = dict(zip(self.keys, self.values, strict=True))
+        return self._index
+
+
+@dataclass
+class BatchAdd:
+    keys: list[bytes]
+    deltas: list[int]
+    _index: dict[bytes, int] | None = None
+
+    def index(self) -> dict[bytes, int]:
+        if self._index is None:
+            index = dict(zip(self.keys, self.deltas, strict=True))
+            if len(index) != len(self.keys):
+                index = {}
+                for k, d in zip(self.keys, self.deltas, strict=True):
+                    index[k] = index.get(k, 0) + d
+            self._index = index
+        return self._index
+
+
+Op = PointOps | ClearRange | BatchSet | BatchAdd
+
+
+def compose(prev: tuple[int, Any] | None, kind: int, payload: Any) -> tuple[int, Any]:
+    """A point write followed by another on the same key, as one write."""
+    if kind != ADD or prev is None:
+        return kind, payload
+    prev_kind, prev_payload = prev
+    if prev_kind == SET:
+        return SET, add_bytes(prev_payload, payload)
+    if prev_kind == CLEAR:
+        return SET, add_bytes(None, payload)
+    return ADD, wrap_int64(prev_payload + payload)
