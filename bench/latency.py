@@ -60,18 +60,8 @@ from bench.latency_stats import (
     timeline,
     weighted_slope,
 )
-from bench.queue_pipeline import (
-    ROW_BYTES,
-    Pipeline,
-    ProducerHandle,
-    ProducerPlan,
-    ProducerResult,
-    Samples,
-    Step,
-    loadavg,
-    log,
-    tuning_dict,
-)
+from bench.queue_pipeline import Pipeline, Samples, loadavg, log, tuning_dict
+from bench.queue_producer import ROW_BYTES, ProducerHandle, ProducerPlan, ProducerResult, Step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latency"
 SUSTAINED_SLOPE = 0.05

@@ -69,7 +69,8 @@ from bench.latency_stats import (
     summarize_latency,
     timeline,
 )
-from bench.queue_pipeline import Pipeline, ProducerPlan, Step, loadavg, log
+from bench.queue_pipeline import Pipeline, loadavg, log
+from bench.queue_producer import ProducerPlan, Step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recovery"
 HOLD_SECONDS = 1.0

@@ -42,7 +42,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.latency_stats import fmt_ms, summarize_latency, timeline, weighted_slope
-from bench.queue_pipeline import _payload_pool, loadavg, log
+from bench.queue_pipeline import loadavg, log
+from bench.queue_producer import _payload_pool
 from bench.spark_structured_streaming import SparkOptions, SqliteSink, _build_session
 
 REPO = Path(__file__).resolve().parent.parent

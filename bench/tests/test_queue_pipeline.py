@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.queue_pipeline import SCHEMA, Collector, TimedPreAggregate, TimedSum
+from bench.queue_pipeline import Collector, TimedPreAggregate, TimedSum
+from bench.queue_producer import SCHEMA
 
 
 def _batch(n: int, stamps: list[int]) -> pa.RecordBatch:

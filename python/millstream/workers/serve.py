@@ -1,0 +1,161 @@
+"""The one entry point every runner uses: a worker served in this process, with its gRPC
+server (mapper) or client (reducer), its heartbeat and its main loop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from millstream.exceptions import ConfigurationError
+from millstream.ledger import (
+    Metric,
+    check_processor_info,
+    drained_key,
+)
+from millstream.rpc.address import LOOPBACK, host_port, mapper_address
+from millstream.rpc.client import GrpcRowsClient
+from millstream.rpc.server import RowsServer
+from millstream.state import Store
+from millstream.workers import metrics as prometheus
+from millstream.workers.mapper import MapperWorker
+from millstream.workers.reducer import ReducerWorker
+from millstream.workers.status import MapperStatus, ReducerStatus
+
+if TYPE_CHECKING:
+    from millstream.processor import Processor
+
+from millstream.workers.heartbeat import Heartbeat
+
+ROLES = ("mapper", "reducer")
+
+
+def run_worker(
+    processor: Processor,
+    role: str,
+    index: int,
+    stop_event: threading.Event | None = None,
+    *,
+    guid: str | None = None,
+    host: str = LOOPBACK,
+) -> None:
+    """Run one worker in this process until its work drains or ``stop_event`` is set.
+
+    Every runner (local processes, Spark tasks) calls this. It returns normally once the
+    worker is done (mapper: every row of its bounded input committed and persisted;
+    reducer: every mapper drained) or stopped.
+
+    Args:
+        processor: The processor the worker belongs to.
+        role: ``"mapper"`` or ``"reducer"``.
+        index: The worker's index within its role.
+        stop_event: Set it to stop the worker (it then returns).
+        guid: This instance's GUID; a fresh one by default.
+        host: This machine's address as the other workers reach it: a mapper's server
+            binds it and discovery publishes it, unless ``Tuning.advertise_host`` or
+            ``Tuning.bind_host`` say otherwise. Loopback by default (every worker on
+            this machine).
+
+    Raises:
+        ConfigurationError: The store holds a processor with other counts or classes.
+        UserCodeError: The user's ``map`` or ``reduce`` raised (``on_user_error="stop"``).
+        MillstreamError: Other failures, with what to do.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    count = processor.num_mappers if role == "mapper" else processor.num_reducers
+    if not 0 <= index < count:
+        raise ValueError(f"{role} index {index} out of range: the processor has {count}")
+    stop = stop_event if stop_event is not None else threading.Event()
+    store = processor.open_store()
+    try:
+        store.transact(lambda txn: check_processor_info(txn, processor.info), idempotent=True)
+        if role == "mapper":
+            _serve_mapper(processor, index, store, stop, guid, host)
+        else:
+            _serve_reducer(processor, index, store, stop, guid)
+    finally:
+        store.close()
+
+
+def _serve_mapper(
+    processor: Processor,
+    index: int,
+    store: Store,
+    stop: threading.Event,
+    guid: str | None,
+    host: str,
+) -> None:
+    t = processor.tuning
+    where = mapper_address(t, host)
+    worker = MapperWorker(processor, index, store, guid=guid)
+    try:
+        store.transact(lambda txn: txn.clear(drained_key(index)), idempotent=True)
+        try:
+            server = RowsServer(
+                worker,
+                host_port(where.bind, 0),
+                t.grpc_max_message_bytes,
+                t.get_rows_max_bytes,
+                max_concurrent_calls=max(8, processor.num_reducers),
+            )
+        except (OSError, RuntimeError) as exc:  # grpcio raises either when bind fails
+            raise ConfigurationError(
+                f"mapper {index} cannot listen on {where.bind!r} for GetRows ({exc}): it is "
+                "not an address of this host. Set Tuning.advertise_host to an address of "
+                "this host that the reducers reach, or Tuning.bind_host='0.0.0.0' to listen "
+                "on every interface."
+            ) from exc
+        try:
+            address = where.endpoint(server.port)
+            status: Callable[[], dict[str, Metric]] = MapperStatus(
+                worker.metrics, processor.input, index
+            )
+            if prometheus.enabled():
+                status = prometheus.WorkerMetrics("mapper", index).following(status)
+            beat = Heartbeat(
+                store, "mapper", index, worker.guid, address, t.heartbeat_seconds, status
+            )
+            beat.start()
+            try:
+                worker.run(stop)
+            finally:
+                beat.stop()
+        finally:
+            server.stop()
+    finally:
+        worker.close()
+
+
+def _serve_reducer(
+    processor: Processor, index: int, store: Store, stop: threading.Event, guid: str | None
+) -> None:
+    t = processor.tuning
+    client = GrpcRowsClient(
+        t.rpc_timeout_seconds,
+        t.grpc_max_message_bytes,
+        max_concurrent_calls=max(8, processor.num_mappers),
+    )
+    try:
+        worker = ReducerWorker(processor, index, store, client, guid=guid)
+        status: Callable[[], dict[str, Metric]] = ReducerStatus(worker.metrics)
+        if prometheus.enabled():
+            exported = prometheus.WorkerMetrics("reducer", index)
+            worker.on_committed = exported.observe_commit
+            status = exported.following(status)
+        beat = Heartbeat(
+            store,
+            "reducer",
+            index,
+            worker.guid,
+            "",
+            t.heartbeat_seconds,
+            status,
+        )
+        beat.start()
+        try:
+            worker.run(stop)
+        finally:
+            beat.stop()
+    finally:
+        client.close()
