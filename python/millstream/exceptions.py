@@ -76,6 +76,15 @@ class SplitBrainError(MillstreamError):
     """Another live instance of the same worker changed its persisted state."""
 
 
+class WindowLostRowsError(SplitBrainError):
+    """A reducer claimed a committed index the store does not hold: the mapper dropped rows
+    that no reducer committed (a forged GetRows, or a reducer that broke the protocol).
+
+    The mapper restarts from its persisted state, which it never moves past what the store
+    says the reducers committed, so it produces the dropped rows again: nothing is lost.
+    """
+
+
 class StaleMapperError(MillstreamError):
     """A GetRows request named a mapper GUID that is not the serving mapper's."""
 
@@ -139,4 +148,5 @@ __all__ = [
     "UserCodeError",
     "ValueTooLargeError",
     "WindowError",
+    "WindowLostRowsError",
 ]

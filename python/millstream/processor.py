@@ -78,6 +78,11 @@ class Processor:
             )
         if t.memory_limit_bytes < 1:
             raise ConfigurationError("tuning.memory_limit_bytes must be >= 1")
+        if not 0 <= t.get_rows_wait_seconds <= t.rpc_timeout_seconds:
+            raise ConfigurationError(
+                "tuning.get_rows_wait_seconds must be between 0 and rpc_timeout_seconds "
+                f"({t.rpc_timeout_seconds}), got {t.get_rows_wait_seconds}"
+            )
         if t.on_user_error not in ("stop", "retry"):
             raise ConfigurationError(
                 f"tuning.on_user_error must be 'stop' or 'retry', got {t.on_user_error!r}"

@@ -9,6 +9,7 @@ same store (the store's fingerprint records class names, not config).
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,15 @@ class KeyedSumMapper(ms.Mapper):
         )
         sums = sums.rename_columns(["key", "value"])
         return ms.Partitioned.by_hash(sums, key="key", num_reducers=self.spec.num_reducers)
+
+
+class SlowKeyedSumMapper(KeyedSumMapper):
+    """:class:`KeyedSumMapper` that sleeps ``config["map_seconds"]`` per batch: a stream
+    that lasts long enough for faults injected while it runs."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        time.sleep(float(self.config.get("map_seconds", 0.05)))
+        return super().map(batch)
 
 
 class KeyedSumReducer(ms.Reducer):

@@ -722,6 +722,14 @@ class SimNetwork(InProcessTransport):
         return None if inst is None else inst.worker
 
     def serve(self, call: GetRowsCall) -> GetRowsResult:
+        committed = self.sim.committed_index(call.reducer_index, call.mapper_index)
+        if call.committed_row_index > committed:
+            # A reducer reports only what it committed: anything beyond is a protocol bug
+            # (the mapper's defence may hide its effect, this check does not).
+            self.sim.false_claims.append(
+                f"r{call.reducer_index} told m{call.mapper_index} it committed up to "
+                f"{call.committed_row_index}; the store holds {committed}"
+            )
         result = super().serve(call)
         if call.max_rows:
             self.sim.note(
@@ -877,6 +885,8 @@ class Simulation:
         self.hosts = 0
         self.guids = itertools.count(1)
         self.max_committed: list[list[int]] = [[-1] * self.M for _ in range(self.R)]
+        self.false_claims: list[str] = []
+        """GetRows calls that reported a committed index the store does not hold."""
         self.events: Counter[str] = Counter()
         self.nested_depth = 0
         self.busy: set[int] = set()
@@ -1444,6 +1454,16 @@ class Simulation:
             txn.reset()
         return states, mstates, effects
 
+    def committed_index(self, r: int, m: int) -> int:
+        """Reducer ``r``'s committed index for mapper ``m`` in the store now."""
+        if not 0 <= r < self.R:
+            return -1
+        txn = self.raw.create_transaction()
+        try:
+            return read_reducer_state(txn, r, self.M).committed_row_indices[m]
+        finally:
+            txn.reset()
+
     def dump_store(self) -> list[tuple[tuple[Any, ...], bytes]]:
         """Every key and value of the processor's store, in key order."""
         txn = self.raw.create_transaction()
@@ -1454,6 +1474,7 @@ class Simulation:
 
     def check(self) -> None:
         """Every safety invariant; raises AssertionError with what broke."""
+        assert not self.false_claims, f"false commit claims: {self.false_claims[:3]}"
         states, mstates, effects = self.read_store()
         twice = {k: v for k, v in effects.items() if v != 1}
         assert not twice, f"effects applied other than once: {sorted(twice.items())[:10]}"

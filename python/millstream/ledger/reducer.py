@@ -32,13 +32,15 @@ def reducer_state_key(reducer_index: int) -> tuple[str, str, int]:
     return (*SYSTEM, "reducer", reducer_index)
 
 
-def read_reducer_state(txn: StoreTransaction, reducer_index: int, num_mappers: int) -> ReducerState:
-    """Read a reducer's persisted state.
+def read_reducer_state(
+    txn: StoreTransaction, reducer_index: int, num_mappers: int, *, snapshot: bool = False
+) -> ReducerState:
+    """Read a reducer's persisted state (``snapshot``: without a read conflict).
 
     Raises:
         ConfigurationError: The stored state has a different number of mappers.
     """
-    raw = txn.get(reducer_state_key(reducer_index))
+    raw = txn.get(reducer_state_key(reducer_index), snapshot=snapshot)
     if raw is None:
         return ReducerState.initial(num_mappers)
     try:

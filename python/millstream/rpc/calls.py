@@ -54,11 +54,22 @@ class GetRowsResult:
     arrow_ipc: bytes
 
 
+class NotAnsweredYet(TimeoutError):
+    """The mapper has not answered within the round's wait; the call stays under way and its
+    answer is used in a later round (it is not an error, and nothing is sent again)."""
+
+
 class RowsClient(Protocol):
     """How a reducer calls its mappers; gRPC here, in-process in simulations."""
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
-        """Run the calls concurrently; each slot holds the result or the error."""
+        """Run the calls concurrently; each slot holds the result or the error
+        (:class:`NotAnsweredYet` for a call still under way)."""
+        ...
+
+    def acknowledge_many(self, calls: Sequence[GetRowsCall]) -> None:
+        """Send 0-row calls that only report committed indices; nobody waits for them and
+        their failures are harmless (the next GetRows repeats the index)."""
         ...
 
     def close(self) -> None:

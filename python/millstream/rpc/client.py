@@ -1,36 +1,62 @@
-"""The reducer's side of GetRows: one concurrent call per live mapper (thesis 4.4.2 step 3)."""
+"""The reducer's side of GetRows: one call under way per mapper (thesis 4.4.2 step 3).
+
+A round asks every live mapper for rows and waits for the answers at most a short while
+(``wait_seconds``). A mapper that has not answered by then (frozen, overloaded, or across a
+slow link) holds nobody: its call stays under way, is not sent again, and its answer is used
+in a later round, as long as it still continues from where the reducer's committed index
+stands. The other mappers' rows are committed meanwhile (thesis 4.4: a slow partition does
+not hold the others).
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from millstream.exceptions import StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsClient
+from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 
-__all__ = ["GetRowsCall", "GetRowsResult", "GrpcRowsClient", "RowsClient"]
+__all__ = ["GetRowsCall", "GetRowsResult", "GrpcRowsClient", "NotAnsweredYet", "RowsClient"]
+
+
+def _key(call: GetRowsCall) -> tuple[int, str, str, int]:
+    """Calls to one mapper instance from one reducer: at most one is under way. Its answer
+    serves a later call only from the same committed index (the caps may differ)."""
+    return (call.mapper_index, call.address, call.mapper_guid, call.reducer_index)
 
 
 class GrpcRowsClient:
-    """GetRows over gRPC, one cached channel per mapper address."""
+    """GetRows over gRPC, one cached channel per mapper address, one call under way per mapper.
+
+    Args:
+        timeout_seconds: Deadline of one call; a mapper silent that long fails the call
+            (``DEADLINE_EXCEEDED``), and the next round asks again.
+        max_message_bytes: gRPC send/receive limit.
+        wait_seconds: How long a round waits for the answers before it goes on with the
+            ones it has (default: ``timeout_seconds``, every answer).
+    """
 
     def __init__(
-        self, timeout_seconds: float, max_message_bytes: int, *, max_concurrent_calls: int = 8
+        self,
+        timeout_seconds: float,
+        max_message_bytes: int,
+        *,
+        wait_seconds: float | None = None,
     ) -> None:
         self._timeout = timeout_seconds
+        self._wait = timeout_seconds if wait_seconds is None else wait_seconds
         self._options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, millstream_pb2_grpc.MapperStub]] = {}
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, max_concurrent_calls), thread_name_prefix="getrows"
-        )
+        self._under_way: dict[tuple[int, str, str, int], tuple[GetRowsCall, grpc.Future]] = {}
+        self._acks: set[grpc.Future] = set()
 
     def _stub(self, address: str) -> millstream_pb2_grpc.MapperStub:
         with self._lock:
@@ -41,7 +67,7 @@ class GrpcRowsClient:
                 self._channels[address] = entry
             return entry[1]
 
-    def _call(self, call: GetRowsCall) -> GetRowsResult:
+    def _start(self, call: GetRowsCall) -> grpc.Future:
         request = millstream_pb2.GetRowsRequest(
             count=call.max_rows,
             reducer_index=call.reducer_index,
@@ -49,8 +75,15 @@ class GrpcRowsClient:
             mapper_id=call.mapper_guid,
             max_bytes=call.max_bytes,
         )
+        future: grpc.Future = self._stub(call.address).GetRows.future(
+            request, timeout=self._timeout
+        )
+        return future
+
+    @staticmethod
+    def _result(future: grpc.Future) -> GetRowsResult:
         try:
-            response = self._stub(call.address).GetRows(request, timeout=self._timeout)
+            response = future.result()
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 raise StaleMapperError(exc.details() or "stale mapper id") from None
@@ -60,20 +93,68 @@ class GrpcRowsClient:
         )
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
-        """Call every mapper at once and wait for all answers."""
-        futures = [self._pool.submit(self._call, call) for call in calls]
-        results: list[GetRowsResult | BaseException] = []
-        for future in futures:
+        """Ask every mapper (or keep waiting for its call under way) and wait at most
+        ``wait_seconds`` for the answers; a slot of a call still under way holds
+        :class:`NotAnsweredYet`."""
+        wanted = {_key(call) for call in calls}
+        for key, (_, future) in list(self._under_way.items()):
+            if key not in wanted:  # an instance gone from discovery, or a drained mapper
+                future.cancel()
+                del self._under_way[key]
+        entries = []
+        for call in calls:
+            entry = self._under_way.get(_key(call))
+            if entry is not None and entry[0].committed_row_index != call.committed_row_index:
+                entry[1].cancel()  # its answer would not continue from the committed index
+                entry = None
+            if entry is None:
+                entry = (call, self._start(call))
+                self._under_way[_key(call)] = entry
+            entries.append(entry)
+        deadline = time.monotonic() + self._wait
+        for _, future in entries:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             try:
-                results.append(future.result())
+                future.exception(timeout=left)
+            except grpc.FutureTimeoutError:
+                break
+            except grpc.FutureCancelledError:
+                pass
+        results: list[GetRowsResult | BaseException] = []
+        for call, (_, future) in zip(calls, entries, strict=True):
+            if not future.done():
+                results.append(NotAnsweredYet(f"mapper {call.mapper_index} has not answered yet"))
+                continue
+            self._under_way.pop(_key(call), None)
+            try:
+                results.append(self._result(future))
             except Exception as exc:
                 results.append(exc)
         return results
 
+    def acknowledge_many(self, calls: Sequence[GetRowsCall]) -> None:
+        """Send 0-row calls reporting committed indices, without waiting for them."""
+        for call in calls:
+            future = self._start(call)
+            with self._lock:
+                self._acks.add(future)
+            future.add_done_callback(self._ack_done)
+
+    def _ack_done(self, future: grpc.Future) -> None:
+        with self._lock:
+            self._acks.discard(future)
+
     def close(self) -> None:
-        """Close every channel and the thread pool."""
+        """Cancel the calls under way and close every channel."""
+        for _, future in self._under_way.values():
+            future.cancel()
+        self._under_way.clear()
         with self._lock:
             channels, self._channels = self._channels, {}
+            acks, self._acks = self._acks, set()
+        for future in acks:
+            future.cancel()
         for channel, _ in channels.values():
             channel.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)

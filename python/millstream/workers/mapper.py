@@ -40,6 +40,7 @@ from millstream.ledger import (
 )
 from millstream.rpc.calls import max_payload_bytes
 from millstream.state import Store, StoreTransaction, pack, unpack
+from millstream.workers.claims import Claims, check_claims
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ class MapperWorker:
         self.errors = 0
         self.last_error = ""
         self._input_trimmed_to: int | None = None
+        self.claims = Claims()
+        """What reducers claimed to have committed (checked before persisting)."""
 
     # -- ingestion (thesis 4.3.3) -------------------------------------------------------
 
@@ -107,6 +110,7 @@ class MapperWorker:
             self.persisted.continuation_token,
             max_payload_bytes=max_payload_bytes(self.tuning.grpc_max_message_bytes),
         )
+        self.claims.clear()
         if old is not None:
             old.close()
         self._token = self.persisted.continuation_token
@@ -307,6 +311,8 @@ class MapperWorker:
         window = self.window
         if window is None:
             return 0, committed_row_index, b""
+        if 0 <= reducer_index < self.processor.num_reducers:
+            self.claims.record(reducer_index, committed_row_index)
         return window.get_rows(reducer_index, committed_row_index, max_rows, max_bytes)
 
     # -- TrimInputRows (thesis 4.3.5) ---------------------------------------------------
@@ -323,9 +329,12 @@ class MapperWorker:
 
         Raises:
             SplitBrainError: Another instance wrote this mapper's state.
+            WindowLostRowsError: A reducer claimed rows the store does not say it committed
+                (the window dropped them); restart from the persisted state.
         """
         window = self._require_window()
         input_index, shuffle_index, token = window.local_state()
+        claims = self.claims.snapshot()  # after the state: covers every pop it reflects
         advanced = (
             input_index > self.persisted.input_unread_row_index
             or shuffle_index > self.persisted.shuffle_unread_row_index
@@ -334,6 +343,7 @@ class MapperWorker:
         written: MapperState | None = None
         try:
             self._verify_persisted(txn)
+            check_claims(txn, self.index, self.processor.num_mappers, claims)
             if not advanced:
                 txn.reset()
                 self._trim_to_persisted()

@@ -37,7 +37,7 @@ from millstream.ledger import (
     remove_stale_workers,
     write_reducer_state,
 )
-from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsClient
+from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 from millstream.state import Store
 from millstream.state.replay import ReplayingTransaction
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
@@ -195,6 +195,8 @@ class ReducerWorker:
         ranges: list[str] = []
         senders: list[int] = []
         for call, result in zip(calls, results, strict=True):
+            if isinstance(result, NotAnsweredYet):
+                continue  # still under way: its answer is used in a later round
             if not isinstance(result, GetRowsResult):
                 self._note_error(f"GetRows from mapper {call.mapper_index}", result)
                 continue
@@ -282,7 +284,7 @@ class ReducerWorker:
             if call.mapper_index in mappers
         ]
         if acks:
-            self.rows_client.get_rows_many(acks)
+            self.rows_client.acknowledge_many(acks)
 
     def _decode(self, payloads: list[bytes], senders: list[int]) -> pa.RecordBatch:
         """One batch from every mapper's rows; differing schemas are unified if they can be.

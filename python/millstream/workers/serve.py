@@ -134,7 +134,7 @@ def _serve_reducer(
     client = GrpcRowsClient(
         t.rpc_timeout_seconds,
         t.grpc_max_message_bytes,
-        max_concurrent_calls=max(8, processor.num_mappers),
+        wait_seconds=t.get_rows_wait_seconds,
     )
     try:
         worker = ReducerWorker(processor, index, store, client, guid=guid)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from millstream import _core
 from millstream.exceptions import StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.rpc.calls import GetRowsCall, GetRowsResult
+from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet
 from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 
@@ -175,3 +177,81 @@ def test_generated_code_is_current() -> None:
         check=False,
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+class FreezableHandler(WindowHandler):
+    """A window handler that blocks while frozen, as a SIGSTOPped mapper does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thawed = threading.Event()
+        self.requests = 0
+
+    def handle_get_rows(
+        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+    ) -> tuple[int, int, bytes]:
+        self.requests += 1
+        self.thawed.wait(30)
+        return super().handle_get_rows(reducer_index, committed, max_rows, max_bytes, mapper_id)
+
+
+def test_a_frozen_mapper_holds_no_round_and_its_late_answer_is_used_once(
+    served: tuple[WindowHandler, str],
+) -> None:
+    _, healthy = served
+    frozen = FreezableHandler()
+    server = RowsServer(frozen, "127.0.0.1:0", 1 << 20, MAX_RESPONSE)
+    slow = f"127.0.0.1:{server.port}"
+    client = GrpcRowsClient(20.0, 1 << 20, wait_seconds=0.1)
+    try:
+        calls = [_call(healthy, mapper_index=0), _call(slow, mapper_index=1)]
+        # The round answers with the healthy mapper's rows and leaves the frozen one's call
+        # under way (before: it waited for every answer, up to the call's deadline).
+        first = client.get_rows_many(calls)
+        assert isinstance(first[0], GetRowsResult)
+        assert first[0].row_count == 10
+        assert isinstance(first[1], NotAnsweredYet)
+        second = client.get_rows_many(calls)
+        assert isinstance(second[1], NotAnsweredYet)
+        assert frozen.requests == 1  # not sent again while under way
+        frozen.thawed.set()
+        late = client.get_rows_many([_call(slow, mapper_index=1)])[0]
+        deadline = time.monotonic() + 10
+        while isinstance(late, NotAnsweredYet) and time.monotonic() < deadline:
+            late = client.get_rows_many([_call(slow, mapper_index=1)])[0]
+        # The late answer is used, once: the next round sends a new call.
+        assert isinstance(late, GetRowsResult)
+        assert late.row_count == 10
+        assert frozen.requests == 1
+        again = client.get_rows_many([_call(slow, mapper_index=1, committed_row_index=19)])[0]
+        assert isinstance(again, GetRowsResult)
+        assert again.last_shuffle_row_index == 39
+        assert frozen.requests == 2
+    finally:
+        frozen.thawed.set()
+        client.close()
+        server.stop(0)
+
+
+def test_a_call_under_way_from_another_committed_index_is_not_used() -> None:
+    frozen = FreezableHandler()
+    server = RowsServer(frozen, "127.0.0.1:0", 1 << 20, MAX_RESPONSE)
+    slow = f"127.0.0.1:{server.port}"
+    client = GrpcRowsClient(20.0, 1 << 20, wait_seconds=0.05)
+    try:
+        (pending,) = client.get_rows_many([_call(slow, committed_row_index=-1)])
+        assert isinstance(pending, NotAnsweredYet)
+        frozen.thawed.set()
+        # The reducer's committed index moved (another instance committed, say): the answer
+        # to the old call would not continue from it, so a new call is made.
+        result: GetRowsResult | BaseException = NotAnsweredYet("")
+        deadline = time.monotonic() + 10
+        while isinstance(result, NotAnsweredYet) and time.monotonic() < deadline:
+            (result,) = client.get_rows_many([_call(slow, committed_row_index=5)])
+        assert isinstance(result, GetRowsResult)
+        assert (result.row_count, result.last_shuffle_row_index) == (10, 25)
+        assert frozen.requests == 2
+    finally:
+        frozen.thawed.set()
+        client.close()
+        server.stop(0)

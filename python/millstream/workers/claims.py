@@ -1,0 +1,66 @@
+"""What reducers claimed to have committed, checked against the store before a mapper
+persists its state (nobody outside the processor can make it lose rows).
+
+A GetRows request carries the reducer's committed row index, and the window pops (frees)
+every row up to it. A request forged by anyone who can reach the mapper's server, or sent
+by a reducer that broke the protocol, can claim rows that no reducer committed. The window
+cannot tell; the store can. So the mapper records the highest index each reducer claimed
+before the window pops, and persists its state (which lets the input be trimmed) only in a
+transaction that reads, from the store, that every recorded claim is committed. A claim
+beyond the store raises :class:`~millstream.exceptions.WindowLostRowsError`: the mapper
+restarts from its persisted state, which re-produces the dropped rows.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from millstream.exceptions import WindowLostRowsError
+from millstream.ledger import read_reducer_state
+from millstream.state import StoreTransaction
+
+
+class Claims:
+    """The highest committed row index each reducer claimed in a GetRows, thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claims: dict[int, int] = {}
+
+    def record(self, reducer_index: int, committed_row_index: int) -> None:
+        """Note a claim; call it before the window pops the reducer's rows."""
+        with self._lock:
+            if committed_row_index > self._claims.get(reducer_index, -1):
+                self._claims[reducer_index] = committed_row_index
+
+    def snapshot(self) -> dict[int, int]:
+        """The claims now. Take it right after reading the window's local state: every pop
+        that state reflects was claimed before, and committed before it was claimed."""
+        with self._lock:
+            return dict(self._claims)
+
+    def clear(self) -> None:
+        """Forget every claim (a fresh window after a restart)."""
+        with self._lock:
+            self._claims.clear()
+
+
+def check_claims(
+    txn: StoreTransaction, mapper_index: int, num_mappers: int, claims: dict[int, int]
+) -> None:
+    """Raise :class:`WindowLostRowsError` unless the store holds every claim.
+
+    Snapshot reads: committed indices only grow, so a value that covers a claim still does
+    at commit, and the mapper's transaction does not conflict with the reducers' commits.
+    """
+    for reducer_index, claimed in sorted(claims.items()):
+        state = read_reducer_state(txn, reducer_index, num_mappers, snapshot=True)
+        committed = state.committed_row_indices[mapper_index]
+        if claimed > committed:
+            raise WindowLostRowsError(
+                f"mapper {mapper_index}: reducer {reducer_index} asked for rows after shuffle "
+                f"index {claimed}, but the store says it committed only up to {committed}. "
+                "The window dropped rows that no reducer committed (a forged GetRows, or a "
+                "reducer that broke the protocol); restarting from the persisted state, which "
+                "produces them again. Secure the GetRows channel (mutual TLS) if this repeats"
+            )
