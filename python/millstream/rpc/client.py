@@ -93,15 +93,16 @@ class GrpcRowsClient:
         )
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
-        """Ask every mapper (or keep waiting for its call under way) and wait at most
-        ``wait_seconds`` for the answers; a slot of a call still under way holds
-        :class:`NotAnsweredYet`."""
+        """Ask every mapper (or keep the call under way to it) and wait at most
+        ``wait_seconds`` for the answers to the calls made now; a slot of a call still
+        under way holds :class:`NotAnsweredYet`."""
         wanted = {_key(call) for call in calls}
         for key, (_, future) in list(self._under_way.items()):
             if key not in wanted:  # an instance gone from discovery, or a drained mapper
                 future.cancel()
                 del self._under_way[key]
         entries = []
+        fresh = []  # calls made in this round: the only ones the round waits for
         for call in calls:
             entry = self._under_way.get(_key(call))
             if entry is not None and entry[0].committed_row_index != call.committed_row_index:
@@ -110,9 +111,12 @@ class GrpcRowsClient:
             if entry is None:
                 entry = (call, self._start(call))
                 self._under_way[_key(call)] = entry
+                fresh.append(entry[1])
             entries.append(entry)
+        # A mapper that did not answer in an earlier round is not waited for again (a frozen
+        # one would add the wait to every round); its answer is taken when it is there.
         deadline = time.monotonic() + self._wait
-        for _, future in entries:
+        for future in fresh:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -122,6 +126,8 @@ class GrpcRowsClient:
                 break
             except grpc.FutureCancelledError:
                 pass
+        if entries and not any(future.done() for _, future in entries):
+            self._wait_for_any([future for _, future in entries], self._wait)
         results: list[GetRowsResult | BaseException] = []
         for call, (_, future) in zip(calls, entries, strict=True):
             if not future.done():
@@ -133,6 +139,15 @@ class GrpcRowsClient:
             except Exception as exc:
                 results.append(exc)
         return results
+
+    @staticmethod
+    def _wait_for_any(futures: list[grpc.Future], timeout: float) -> None:
+        """Wait until one of ``futures`` is done, at most ``timeout`` seconds: with nothing
+        to commit, the round sleeps on its calls instead of polling them."""
+        done = threading.Event()
+        for future in futures:
+            future.add_done_callback(lambda _: done.set())
+        done.wait(timeout)
 
     def acknowledge_many(self, calls: Sequence[GetRowsCall]) -> None:
         """Send 0-row calls reporting committed indices, without waiting for them."""
