@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages millstream's tests need when they are missing:
-# a JDK for PySpark. Rust, Python 3.11 and gcc are expected on the machine.
+# a JDK for PySpark, openssl for the mutual-TLS tests (certificates made as the README says). Rust, Python 3.11 and gcc are expected on the machine.
 set -euo pipefail
 
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

@@ -81,6 +81,20 @@ class Tuning:
         bind_host: Address the mapper's GetRows server listens on. ``None``: the advertised
             address only; ``"0.0.0.0"`` (or ``"::"``) for every interface, e.g. when the
             advertised address belongs to a proxy or NAT in front of the host.
+        tls_ca_file: Mutual TLS on GetRows: the CA certificate (PEM) that signs every
+            worker's certificate. With ``tls_cert_file`` and ``tls_key_file`` (all three or
+            none; unset: ``MILLSTREAM_TLS_CA_FILE``, ``MILLSTREAM_TLS_CERT_FILE``,
+            ``MILLSTREAM_TLS_KEY_FILE``), mappers serve only callers with a certificate
+            the CA signed and reducers check the mappers'. See the README, "Securing GetRows".
+        tls_cert_file: This worker's certificate (PEM), signed by the CA.
+        tls_key_file: Its private key (PEM).
+        tls_server_name: The name reducers expect in mappers' certificates, when those
+            name a service rather than each host (``MILLSTREAM_TLS_SERVER_NAME``); None:
+            the host of the address a mapper advertises.
+        plaintext_get_rows: Allow GetRows without TLS on a cluster (a non-local Spark
+            master, not ``single_host``), where anyone who reaches a mapper's port could
+            make it drop rows (it then produces them again; nothing is lost). Plaintext is
+            always allowed on one host (the local runner binds loopback only).
         acknowledge_commits: After each commit, tell the mappers the new committed
             indices at once (a GetRows for 0 rows) instead of with the next fetch, so they
             free memory and trim their input a commit interval sooner.
@@ -111,6 +125,11 @@ class Tuning:
     grpc_max_message_bytes: int = 64 * 1024 * 1024
     advertise_host: str | None = None
     bind_host: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_server_name: str | None = None
+    plaintext_get_rows: bool = False
     acknowledge_commits: bool = True
     on_user_error: Literal["stop", "retry"] = "stop"
     restart: RestartStrategy = field(default_factory=RestartStrategy)

@@ -29,14 +29,16 @@ class _TwoPartitions:
         raise AssertionError("not read")
 
 
-def processor(store: str = "fdb://", advertise_host: str | None = None) -> ms.Processor:
+def processor(
+    store: str = "fdb://", advertise_host: str | None = None, *, plaintext: bool = True
+) -> ms.Processor:
     return ms.Processor(
         mapper=PreAggregate,
         reducer=SumIntoStore,
         input=_TwoPartitions(),
         store=store,
         num_reducers=2,
-        tuning=ms.Tuning(advertise_host=advertise_host),
+        tuning=ms.Tuning(advertise_host=advertise_host, plaintext_get_rows=plaintext),
     )
 
 
@@ -107,3 +109,13 @@ def test_a_loopback_advertise_host_on_a_cluster_is_refused() -> None:
     check_deployment(processor(advertise_host="10.0.0.7"), deployment())
     check_deployment(processor(), deployment())
     check_deployment(processor(advertise_host="127.0.0.1"), deployment(single_host=True))
+
+
+def test_plaintext_get_rows_on_a_cluster_is_refused_unless_accepted() -> None:
+    with pytest.raises(ConfigurationError, match=r"plaintext.*mutual TLS.*plaintext_get_rows"):
+        check_deployment(processor(plaintext=False), deployment())
+    check_deployment(processor(plaintext=True), deployment())
+    check_deployment(processor(plaintext=False), deployment(single_host=True))
+    check_deployment(processor(plaintext=False), deployment("local[2]"))
+    with_tls = Deployment(CLUSTER, False, "127.0.0.1", 7078, executor_tls=True)
+    check_deployment(processor(plaintext=False), with_tls)

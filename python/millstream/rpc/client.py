@@ -36,6 +36,10 @@ class GrpcRowsClient:
         timeout_seconds: Deadline of one call; a mapper silent that long fails the call
             (``DEADLINE_EXCEEDED``), and the next round asks again.
         max_message_bytes: gRPC send/receive limit.
+        credentials: TLS credentials (mutual TLS, :mod:`millstream.rpc.tls`); None:
+            plaintext.
+        server_name: The name expected in mappers' certificates; None: the host of each
+            mapper's address.
         wait_seconds: How long a round waits for the answers before it goes on with the
             ones it has (default: ``timeout_seconds``, every answer).
     """
@@ -46,13 +50,18 @@ class GrpcRowsClient:
         max_message_bytes: int,
         *,
         wait_seconds: float | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
     ) -> None:
         self._timeout = timeout_seconds
         self._wait = timeout_seconds if wait_seconds is None else wait_seconds
-        self._options = [
+        self._options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
+        if server_name is not None:
+            self._options.append(("grpc.ssl_target_name_override", server_name))
+        self._credentials = credentials
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, millstream_pb2_grpc.MapperStub]] = {}
         self._under_way: dict[tuple[int, str, str, int], tuple[GetRowsCall, grpc.Future]] = {}
@@ -62,7 +71,11 @@ class GrpcRowsClient:
         with self._lock:
             entry = self._channels.get(address)
             if entry is None:
-                channel = grpc.insecure_channel(address, options=self._options)
+                channel = (
+                    grpc.insecure_channel(address, options=self._options)
+                    if self._credentials is None
+                    else grpc.secure_channel(address, self._credentials, options=self._options)
+                )
                 entry = (channel, millstream_pb2_grpc.MapperStub(channel))
                 self._channels[address] = entry
             return entry[1]

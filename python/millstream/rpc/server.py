@@ -47,6 +47,8 @@ class RowsServer:
         max_response_bytes: Byte cap of one response's Arrow IPC payload (kept below what
             ``max_message_bytes`` can carry).
         max_concurrent_calls: Calls served at once (one per reducer is enough).
+        credentials: TLS credentials (mutual TLS, :mod:`millstream.rpc.tls`); None:
+            plaintext.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class RowsServer:
         max_response_bytes: int,
         *,
         max_concurrent_calls: int = 8,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self._server = grpc.server(
             ThreadPoolExecutor(
@@ -72,7 +75,10 @@ class RowsServer:
             _Servicer(handler, min(max_response_bytes, max_payload_bytes(max_message_bytes))),
             self._server,
         )
-        self.port = self._server.add_insecure_port(bind)
+        if credentials is None:
+            self.port = self._server.add_insecure_port(bind)
+        else:
+            self.port = self._server.add_secure_port(bind, credentials)
         if self.port == 0:
             raise OSError(f"cannot listen on {bind} for GetRows")
         self._server.start()

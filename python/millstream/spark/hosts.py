@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from millstream.exceptions import ConfigurationError
 from millstream.rpc.address import LOOPBACK, is_loopback
+from millstream.rpc.tls import ENV as TLS_ENV
 from millstream.state import parse_store_url
 
 if TYPE_CHECKING:
@@ -89,12 +90,15 @@ class Deployment:
         single_host: The user stated that every executor runs on this machine.
         driver_host: ``spark.driver.host``.
         driver_port: ``spark.driver.port``.
+        executor_tls: The executors get the GetRows TLS files through their environment
+            (``spark.executorEnv.MILLSTREAM_TLS_CA_FILE`` is set).
     """
 
     master: str
     single_host: bool
     driver_host: str | None
     driver_port: int
+    executor_tls: bool = False
 
     @property
     def on_one_host(self) -> bool:
@@ -146,6 +150,7 @@ def deployment_of(sc: Any, single_host: bool) -> Deployment:
         single_host=single_host,
         driver_host=conf.get("spark.driver.host", None),
         driver_port=port,
+        executor_tls=bool(conf.get(f"spark.executorEnv.{TLS_ENV['tls_ca_file']}", None)),
     )
 
 
@@ -153,8 +158,9 @@ def check_deployment(processor: Processor, deployment: Deployment) -> None:
     """Refuse, on the driver, what works on one machine but silently breaks on several.
 
     Raises:
-        ConfigurationError: An SQLite store or a loopback ``Tuning.advertise_host`` on a
-            non-local master that the user did not state single-host.
+        ConfigurationError: An SQLite store, a loopback ``Tuning.advertise_host`` or
+            plaintext GetRows on a non-local master that the user did not state
+            single-host.
     """
     if deployment.on_one_host:
         return
@@ -177,6 +183,16 @@ def check_deployment(processor: Processor, deployment: Deployment) -> None:
                 "Leave Tuning.advertise_host unset (each executor then advertises its own "
                 "address) or set it to an address the other hosts reach",
             )
+        )
+    t = processor.tuning
+    if not (t.plaintext_get_rows or t.tls_ca_file or deployment.executor_tls):
+        raise ConfigurationError(
+            f"GetRows in plaintext on the non-local master {master!r}: anyone who reaches a "
+            "mapper's port could send it a forged request (it would drop rows and have to "
+            "produce them again). Configure mutual TLS (Tuning.tls_ca_file, tls_cert_file "
+            "and tls_key_file, or spark.executorEnv.MILLSTREAM_TLS_CA_FILE, _CERT_FILE and "
+            "_KEY_FILE; see the README, 'Securing GetRows'), or accept plaintext on a "
+            "trusted network with Tuning(plaintext_get_rows=True)."
         )
 
 

@@ -16,6 +16,7 @@ from millstream.ledger import (
 from millstream.rpc.address import LOOPBACK, host_port, mapper_address
 from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
+from millstream.rpc.tls import TlsFiles, tls_files
 from millstream.state import Store
 from millstream.workers import metrics as prometheus
 from millstream.workers.mapper import MapperWorker
@@ -70,10 +71,11 @@ def run_worker(
     store = processor.open_store()
     try:
         store.transact(lambda txn: check_processor_info(txn, processor.info), idempotent=True)
+        tls = tls_files(processor.tuning)
         if role == "mapper":
-            _serve_mapper(processor, index, store, stop, guid, host)
+            _serve_mapper(processor, index, store, stop, guid, host, tls)
         else:
-            _serve_reducer(processor, index, store, stop, guid)
+            _serve_reducer(processor, index, store, stop, guid, tls)
     finally:
         store.close()
 
@@ -85,6 +87,7 @@ def _serve_mapper(
     stop: threading.Event,
     guid: str | None,
     host: str,
+    tls: TlsFiles | None,
 ) -> None:
     t = processor.tuning
     where = mapper_address(t, host)
@@ -98,6 +101,7 @@ def _serve_mapper(
                 t.grpc_max_message_bytes,
                 t.get_rows_max_bytes,
                 max_concurrent_calls=max(8, processor.num_reducers),
+                credentials=None if tls is None else tls.server_credentials(),
             )
         except (OSError, RuntimeError) as exc:  # grpcio raises either when bind fails
             raise ConfigurationError(
@@ -128,13 +132,20 @@ def _serve_mapper(
 
 
 def _serve_reducer(
-    processor: Processor, index: int, store: Store, stop: threading.Event, guid: str | None
+    processor: Processor,
+    index: int,
+    store: Store,
+    stop: threading.Event,
+    guid: str | None,
+    tls: TlsFiles | None,
 ) -> None:
     t = processor.tuning
     client = GrpcRowsClient(
         t.rpc_timeout_seconds,
         t.grpc_max_message_bytes,
         wait_seconds=t.get_rows_wait_seconds,
+        credentials=None if tls is None else tls.channel_credentials(),
+        server_name=None if tls is None else tls.server_name,
     )
     try:
         worker = ReducerWorker(processor, index, store, client, guid=guid)
