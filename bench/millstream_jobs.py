@@ -201,8 +201,14 @@ def build_processor(
 ) -> ms.Processor:
     """The processor of workload ``kind`` over ``input_dir`` with its store in ``run_dir``.
 
-    ``settings``: ``num_reducers``, ``batch_rows`` and ``commit_interval_seconds``.
+    ``settings``: ``num_reducers``, ``batch_rows`` and ``commit_interval_seconds`` (None:
+    :class:`millstream.Tuning`'s default).
     """
+    knobs = {
+        name: settings[name]
+        for name in ("batch_rows", "commit_interval_seconds")
+        if settings.get(name) is not None
+    }
     mapper, reducer, columns = JOBS[kind]
     return ms.Processor(
         mapper=mapper,
@@ -213,8 +219,5 @@ def build_processor(
         num_reducers=settings["num_reducers"],
         name=NAME,
         config={"write_output": write_output},
-        tuning=ms.Tuning(
-            batch_rows=settings["batch_rows"],
-            commit_interval_seconds=settings["commit_interval_seconds"],
-        ),
+        tuning=ms.Tuning(**knobs),
     )

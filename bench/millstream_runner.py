@@ -66,8 +66,10 @@ class MillstreamOptions:
 
     Args:
         num_reducers: Reducer processes (mappers: one per input partition).
-        batch_rows: Rows a mapper reads per batch.
-        commit_interval_seconds: Minimum time between a reducer's commits.
+        batch_rows: Rows a mapper reads per batch; None: ``Tuning``'s default (figures
+            count for jobs with default settings; set it only to study the knob).
+        commit_interval_seconds: Minimum time between a reducer's commits; None: the
+            default.
         bookkeeping_run: Also run without output writes to measure bookkeeping alone.
         runner: ``local`` (one process per worker, :class:`millstream.runner.LocalRunner`)
             or ``spark`` (every worker a task of one Spark job, :func:`millstream.spark.run`,
@@ -75,8 +77,8 @@ class MillstreamOptions:
     """
 
     num_reducers: int = 2
-    batch_rows: int = 250_000
-    commit_interval_seconds: float = 0.5
+    batch_rows: int | None = None
+    commit_interval_seconds: float | None = None
     bookkeeping_run: bool = True
     runner: str = "local"
 
@@ -324,8 +326,15 @@ def add_millstream_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``MillstreamOptions`` fields as command-line options."""
     d = MillstreamOptions()
     parser.add_argument("--num-reducers", type=int, default=d.num_reducers)
-    parser.add_argument("--batch-rows", type=int, default=d.batch_rows)
-    parser.add_argument("--commit-interval", type=float, default=d.commit_interval_seconds)
+    parser.add_argument(
+        "--batch-rows", type=int, default=d.batch_rows, help="default: Tuning's default"
+    )
+    parser.add_argument(
+        "--commit-interval",
+        type=float,
+        default=d.commit_interval_seconds,
+        help="default: Tuning's default",
+    )
     parser.add_argument(
         "--runner",
         choices=("local", "spark"),

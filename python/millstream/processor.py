@@ -78,6 +78,17 @@ class Processor:
             )
         if t.memory_limit_bytes < 1:
             raise ConfigurationError("tuning.memory_limit_bytes must be >= 1")
+        if not 0 < t.commit_time_share <= 1:
+            raise ConfigurationError(
+                f"tuning.commit_time_share must be in (0, 1], got {t.commit_time_share}"
+            )
+        if t.commit_max_interval_seconds is not None and (
+            t.commit_max_interval_seconds < t.commit_interval_seconds
+        ):
+            raise ConfigurationError(
+                "tuning.commit_max_interval_seconds must be at least commit_interval_seconds "
+                f"({t.commit_interval_seconds}), got {t.commit_max_interval_seconds}"
+            )
         if not 0 <= t.get_rows_wait_seconds <= t.rpc_timeout_seconds:
             raise ConfigurationError(
                 "tuning.get_rows_wait_seconds must be between 0 and rpc_timeout_seconds "

@@ -40,6 +40,7 @@ from millstream.ledger import (
 from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 from millstream.state import Store
 from millstream.state.replay import ReplayingTransaction
+from millstream.workers.cadence import CommitCadence
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 from millstream.workers.discovery import DiscoveryView
 
@@ -91,6 +92,8 @@ class ReducerWorker:
         self.started_at = clock.now()
         self._fetch_scale = 1.0
         self.last_write_size = 0
+        self.last_transaction_seconds = 0.0
+        """How long the last committed transaction took, ``reduce`` included."""
         self.capped = False
         self.renewals = 0
         self.discovery = DiscoveryView(clock, self.tuning.heartbeat_seconds)
@@ -332,6 +335,7 @@ class ReducerWorker:
         the re-read of the reducer's state below is one of them.
         """
         fetched = sum(map(len, payloads))
+        begun = self.clock.now()
         txn = ReplayingTransaction(self.store)
         try:
             try:
@@ -367,6 +371,7 @@ class ReducerWorker:
             self.renewals += txn.renewals
         self.last_state = new
         self.last_write_size = size
+        self.last_transaction_seconds = self.clock.now() - begun
         self.commits += 1
         if self.on_committed is not None:
             self.on_committed(latency, size, batch.num_rows, fetched)
@@ -398,20 +403,22 @@ class ReducerWorker:
     def run(self, stop: threading.Event) -> None:
         """Reduce until every mapper is drained or ``stop`` is set: the thin loop.
 
-        Waits ``commit_interval_seconds`` between commits (rows accumulate meanwhile and
-        go into one transaction) unless the last fetch hit its row or byte cap; polls an
+        Waits between commits (rows accumulate meanwhile and go into one transaction) as
+        long as :class:`~millstream.workers.cadence.CommitCadence` says, unless the last
+        fetch hit its row or byte cap or every mapper has drained; polls an
         idle processor less and less often, down to ten times a second; and backs off
         after errors (thesis 4.4.2 step 1).
         """
         t = self.tuning
         backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
         idle = Backoff(t.idle_seconds, max(t.idle_seconds, min(0.1, t.commit_interval_seconds)))
+        cadence = CommitCadence(t)
         last_commit = self.clock.now() - t.commit_interval_seconds
         while not stop.is_set():
-            wait = t.commit_interval_seconds - (self.clock.now() - last_commit)
+            wait = cadence.interval - (self.clock.now() - last_commit)
             while wait > 0 and not self.capped and not stop.is_set():
                 self.clock.sleep(min(wait, 0.1), stop)
-                wait = t.commit_interval_seconds - (self.clock.now() - last_commit)
+                wait = cadence.interval - (self.clock.now() - last_commit)
                 if wait > 0 and self.drained_now():
                     break
             try:
@@ -431,6 +438,7 @@ class ReducerWorker:
             if committed:
                 backoff.reset()
                 idle.reset()
+                cadence.observe(self.last_transaction_seconds)
                 last_commit = self.clock.now()
             else:
                 self.clock.sleep(idle.next(), stop)
