@@ -89,6 +89,10 @@ class Processor:
                 "tuning.commit_max_interval_seconds must be at least commit_interval_seconds "
                 f"({t.commit_interval_seconds}), got {t.commit_max_interval_seconds}"
             )
+        if t.get_rows_poll_seconds < 0:
+            raise ConfigurationError(
+                f"tuning.get_rows_poll_seconds must be >= 0, got {t.get_rows_poll_seconds}"
+            )
         if not 0 <= t.get_rows_wait_seconds <= t.rpc_timeout_seconds:
             raise ConfigurationError(
                 "tuning.get_rows_wait_seconds must be between 0 and rpc_timeout_seconds "

@@ -73,6 +73,10 @@ class Tuning:
         backoff_max_seconds: Longest wait between retries.
         heartbeat_seconds: How often workers refresh discovery and publish their status.
         rpc_timeout_seconds: Deadline of one GetRows call.
+        get_rows_poll_seconds: How long a mapper holds a reducer's GetRows for which it has
+            no rows, answering as soon as rows arrive: an idle processor makes one call per
+            reducer and mapper this often instead of polling (at most half of
+            ``rpc_timeout_seconds``).
         get_rows_wait_seconds: How long a reducer's round waits for its mappers' answers
             before it commits the rows it has. A mapper that answers later (frozen,
             overloaded) holds nobody: its call stays under way and its answer is used in a
@@ -129,6 +133,7 @@ class Tuning:
     backoff_max_seconds: float = 2.0
     heartbeat_seconds: float = 1.0
     rpc_timeout_seconds: float = 10.0
+    get_rows_poll_seconds: float = 1.0
     get_rows_wait_seconds: float = 0.1
     split_brain_delay_seconds: float = 0.5
     grpc_max_message_bytes: int = 64 * 1024 * 1024

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 GET_ROWS_ENVELOPE_BYTES = 64
 """Bytes a ``GetRowsResponse`` takes besides its Arrow IPC payload: the tags and varints of
@@ -34,6 +34,8 @@ class GetRowsCall:
         committed_row_index: Last shuffle index the reducer committed from this mapper.
         max_rows: Row cap of the response.
         max_bytes: Byte cap of the response.
+        wait_seconds: With no rows ready, how long the mapper may hold the call for rows
+            to arrive (0: answer at once).
     """
 
     mapper_index: int
@@ -43,6 +45,7 @@ class GetRowsCall:
     committed_row_index: int
     max_rows: int
     max_bytes: int
+    wait_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,16 @@ class RowsClient(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+        ...
+
+
+@runtime_checkable
+class RowsWaiter(Protocol):
+    """A handler that can also wait for rows (a GetRows that found none may wait)."""
+
+    def wait_for_rows(self, reducer_index: int, timeout_seconds: float) -> bool:
+        """Wait until rows for ``reducer_index`` may be ready, at most ``timeout_seconds``;
+        returns whether to look again."""
         ...
 
 

@@ -87,6 +87,7 @@ class GrpcRowsClient:
             committed_row_index=call.committed_row_index,
             mapper_id=call.mapper_guid,
             max_bytes=call.max_bytes,
+            wait_ms=round(call.wait_seconds * 1000),
         )
         future: grpc.Future = self._stub(call.address).GetRows.future(
             request, timeout=self._timeout

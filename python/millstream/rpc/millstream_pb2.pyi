@@ -5,18 +5,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetRowsRequest(_message.Message):
-    __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_id", "max_bytes")
+    __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_id", "max_bytes", "wait_ms")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     REDUCER_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_ROW_INDEX_FIELD_NUMBER: _ClassVar[int]
     MAPPER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     count: int
     reducer_index: int
     committed_row_index: int
     mapper_id: str
     max_bytes: int
-    def __init__(self, count: _Optional[int] = ..., reducer_index: _Optional[int] = ..., committed_row_index: _Optional[int] = ..., mapper_id: _Optional[str] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    wait_ms: int
+    def __init__(self, count: _Optional[int] = ..., reducer_index: _Optional[int] = ..., committed_row_index: _Optional[int] = ..., mapper_id: _Optional[str] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class GetRowsResponse(_message.Message):
     __slots__ = ("row_count", "last_shuffle_row_index", "arrow_ipc")

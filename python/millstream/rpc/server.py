@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from millstream.exceptions import CommittedIndexError, StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.rpc.calls import RowsHandler, max_payload_bytes
+from millstream.rpc.calls import RowsHandler, RowsWaiter, max_payload_bytes
+
+_MAX_WAIT_SECONDS = 30.0
+"""The longest a call may be held waiting for rows, whatever the request says."""
 
 
 class _Servicer(millstream_pb2_grpc.MapperServicer):
@@ -20,14 +24,24 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         self, request: millstream_pb2.GetRowsRequest, context: grpc.ServicerContext
     ) -> millstream_pb2.GetRowsResponse:
         max_bytes = min(request.max_bytes or self._max_bytes, self._max_bytes)
+        wait = max(0, request.wait_ms) / 1000 if request.count > 0 else 0.0
+        deadline = time.monotonic() + min(wait, _MAX_WAIT_SECONDS)
         try:
-            count, last, payload = self._handler.handle_get_rows(
-                request.reducer_index,
-                request.committed_row_index,
-                max(0, request.count),
-                max_bytes,
-                request.mapper_id,
-            )
+            while True:
+                count, last, payload = self._handler.handle_get_rows(
+                    request.reducer_index,
+                    request.committed_row_index,
+                    max(0, request.count),
+                    max_bytes,
+                    request.mapper_id,
+                )
+                left = deadline - time.monotonic()
+                if count or left <= 0 or not isinstance(self._handler, RowsWaiter):
+                    break
+                if not context.is_active() or not self._handler.wait_for_rows(
+                    request.reducer_index, left
+                ):
+                    break
         except StaleMapperError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except (CommittedIndexError, ValueError) as exc:

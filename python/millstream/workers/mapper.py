@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -92,6 +93,9 @@ class MapperWorker:
         self.errors = 0
         self.last_error = ""
         self._input_trimmed_to: int | None = None
+        self._rows_pushed = threading.Condition()
+        """Notified when rows enter the window (and when the window changes or closes)."""
+        self._closed = False
         self.claims = Claims()
         """What reducers claimed to have committed (checked before persisting)."""
 
@@ -113,6 +117,7 @@ class MapperWorker:
         self.claims.clear()
         if old is not None:
             old.close()
+        self._notify_rows()
         self._token = self.persisted.continuation_token
         self.end_of_input = False
         self._batches_unpersisted = 0
@@ -175,6 +180,7 @@ class MapperWorker:
             )
         try:
             window.push(mapped.batch, mapped.reducer_indices, end, result.continuation_token)
+            self._notify_rows()
         except MemoryLimitError as exc:
             raise ConfigurationError(
                 f"mapper {self.index}: the rows mapped from input rows [{begin}, {end}) alone "
@@ -315,6 +321,29 @@ class MapperWorker:
             self.claims.record(reducer_index, committed_row_index)
         return window.get_rows(reducer_index, committed_row_index, max_rows, max_bytes)
 
+    def wait_for_rows(self, reducer_index: int, timeout_seconds: float) -> bool:
+        """Wait until the window holds rows for ``reducer_index``, at most
+        ``timeout_seconds``: a GetRows that found none answers as soon as some arrive
+        instead of the reducer polling. Returns whether to look again."""
+        window = self.window
+        if window is None or not 0 <= reducer_index < self.processor.num_reducers:
+            return False
+        deadline = time.monotonic() + timeout_seconds
+        with self._rows_pushed:
+            while True:
+                if self._closed:
+                    return False
+                if self.window is not window or window.bucket_len(reducer_index) > 0:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._rows_pushed.wait(left)
+
+    def _notify_rows(self) -> None:
+        with self._rows_pushed:
+            self._rows_pushed.notify_all()
+
     # -- TrimInputRows (thesis 4.3.5) ---------------------------------------------------
 
     def trim_input_rows(self) -> bool:
@@ -408,8 +437,10 @@ class MapperWorker:
 
     def close(self) -> None:
         """Wake anything waiting on the window and release the reader."""
+        self._closed = True
         if self.window is not None:
             self.window.close()
+        self._notify_rows()
         self.reader.close()
 
     def metrics(self) -> dict[str, float | int | str]:

@@ -173,6 +173,7 @@ class ReducerWorker:
             if m not in drained and 0 <= m < self.processor.num_mappers
         }
         max_rows, max_bytes = self._caps(len(live))
+        poll = min(self.tuning.get_rows_poll_seconds, self.tuning.rpc_timeout_seconds / 2)
         calls = [
             GetRowsCall(
                 m,
@@ -182,6 +183,7 @@ class ReducerWorker:
                 state.committed_row_indices[m],
                 max_rows,
                 max_bytes,
+                poll,
             )
             for m, info in sorted(live.items())
         ]
@@ -282,7 +284,9 @@ class ReducerWorker:
         the committed index) and ignored.
         """
         acks = [
-            dataclasses.replace(call, committed_row_index=committed[call.mapper_index], max_rows=0)
+            dataclasses.replace(
+                call, committed_row_index=committed[call.mapper_index], max_rows=0, wait_seconds=0
+            )
             for call in calls
             if call.mapper_index in mappers
         ]

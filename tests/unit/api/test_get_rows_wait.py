@@ -1,0 +1,101 @@
+"""A GetRows that finds no rows waits on the mapper and answers when rows arrive."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import millstream as ms
+import pyarrow as pa
+from millstream.rpc.calls import GetRowsCall, GetRowsResult
+from millstream.rpc.client import GrpcRowsClient
+from millstream.rpc.server import RowsServer
+from millstream.testing import MemoryInput
+from millstream.workers import MapperWorker
+
+
+class Route(ms.Mapper):
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
+
+
+class Count(ms.Reducer):
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        txn.add(("rows",), batch.num_rows)
+
+
+class CountingMapper(MapperWorker):
+    """Counts the GetRows calls that reach the mapper's handler."""
+
+    handled = 0
+
+    def handle_get_rows(self, *args: object) -> tuple[int, int, bytes]:
+        type(self).handled += 1
+        return super().handle_get_rows(*args)  # type: ignore[arg-type]
+
+
+def test_get_rows_waits_for_rows_and_answers_when_they_arrive(tmp_path: Path) -> None:
+    rows = pa.table({"key": pa.array(range(1_000), pa.int64())})
+    processor = ms.Processor(
+        mapper=Route,
+        reducer=Count,
+        input=MemoryInput([rows]),
+        store=f"sqlite:///{tmp_path / 'state.db'}",
+        num_reducers=1,
+    )
+    store = processor.open_store()
+    worker = CountingMapper(processor, 0, store, guid="m0")
+    worker.start_ingestion()
+    server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
+    client = GrpcRowsClient(30.0, 1 << 24)  # a round waits for every answer
+    call = GetRowsCall(0, f"127.0.0.1:{server.port}", "m0", 0, -1, 10_000, 1 << 20, 20.0)
+    results: list[GetRowsResult | BaseException] = []
+    asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
+    try:
+        asking.start()
+        deadline = time.monotonic() + 10
+        while CountingMapper.handled == 0:  # the call found the window empty
+            assert time.monotonic() < deadline, "the call never reached the mapper"
+            time.sleep(0.01)
+        assert asking.is_alive()  # held, not answered with nothing
+        assert worker.ingest_once()  # rows arrive
+        asking.join(15)
+        assert not asking.is_alive()
+        (result,) = results
+        assert isinstance(result, GetRowsResult)
+        assert result.row_count == 1_000
+        assert CountingMapper.handled == 2  # looked again once, when the rows came
+    finally:
+        asking.join(20)
+        client.close()
+        server.stop(0)
+        worker.close()
+        store.close()
+
+
+def test_an_acknowledgement_never_waits(tmp_path: Path) -> None:
+    processor = ms.Processor(
+        mapper=Route,
+        reducer=Count,
+        input=MemoryInput([pa.table({"key": pa.array([], pa.int64())})]),
+        store=f"sqlite:///{tmp_path / 'state.db'}",
+        num_reducers=1,
+    )
+    store = processor.open_store()
+    worker = MapperWorker(processor, 0, store, guid="m0")
+    worker.start_ingestion()
+    server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
+    client = GrpcRowsClient(5.0, 1 << 24)
+    try:
+        # max_rows 0 only reports the committed index: answered at once despite the 20 s
+        # wait it names (held, it would fail on the call's 5 s deadline).
+        ack = GetRowsCall(0, f"127.0.0.1:{server.port}", "m0", 0, -1, 0, 1 << 20, 20.0)
+        (result,) = client.get_rows_many([ack])
+        assert isinstance(result, GetRowsResult)
+        assert result.row_count == 0
+    finally:
+        client.close()
+        server.stop(0)
+        worker.close()
+        store.close()
