@@ -652,6 +652,9 @@ class MapperInstance:
     restarting: bool = False
     registration: int | None = None
     beats: int | None = None
+    forged: bool = False
+    """A forged GetRows reached this window: it may have dropped uncommitted rows (the
+    store-side invariants still check that none is lost)."""
 
 
 @dataclass
@@ -1024,6 +1027,7 @@ class Simulation:
                 w.window = WindowProbe(w.window)  # type: ignore[assignment]
                 inst.started_shuffle = w.window.local_state()[1]
                 inst.restarting = False
+                inst.forged = False
                 self.note(f"{who}: ingestion starts at {w.window.local_state()[:2]}")
             result = step()
             self.note(f"{who}: {result}")
@@ -1352,6 +1356,26 @@ class Simulation:
             self.start_mapper(m)
         self.reduce(r, 0, before=(("reuse_address", m, other),))
 
+    def forge(self, m: int, k: int, r: int, ahead: int) -> None:
+        """Someone outside the processor sends instance ``k`` of mapper ``m`` a GetRows
+        claiming that reducer ``r`` committed ``ahead`` rows more than the store holds.
+
+        The window drops those rows; the mapper must not persist its state past them, and
+        restarts from its persisted state when it finds the claim beyond the store.
+        """
+        inst = self._mapper(m, k)
+        if inst is None or inst.restarting or inst.worker.window is None:
+            return
+        claimed = self.committed_index(r, m) + ahead
+        try:
+            inst.worker.handle_get_rows(r, claimed, 0, 1 << 20, inst.worker.guid)
+        except (CommittedIndexError, StaleMapperError) as exc:
+            self.note(f"  forged GetRows to m{m}@{inst.worker.guid} refused: {exc}")
+            return
+        inst.forged = True
+        self.events["forged_get_rows"] += 1
+        self.note(f"  forged GetRows: m{m}@{inst.worker.guid} told r{r} committed {claimed}")
+
     def time_passes(self, periods: int) -> None:
         """``periods`` heartbeat periods pass; every live mapper instance beats once.
 
@@ -1423,6 +1447,8 @@ class Simulation:
         elif kind == "append":
             self.append_to_queue(args[0] % QUEUE_PARTITIONS, args[1], tuple(args[2]), *args[3:])
 
+        elif kind == "forge":
+            self.forge(args[0] % self.M, args[1], args[2] % self.R, args[3])
         elif kind == "trimmed_read_race":
             self.trimmed_read_race(args[0] % self.M, *args[1:])
         elif kind == "reducer_race":
@@ -1597,7 +1623,7 @@ class Simulation:
                 for s in range(max(inst.started_shuffle, committed + 1), min(end, len(outs)))
                 if outs[s][0] == r and s not in pending
             ]
-            assert not lost, (
+            assert not lost or inst.forged, (
                 f"{who}: bucket {r} lost uncommitted shuffle rows {lost[:10]} "
                 f"(reducer {r} committed {committed})"
             )

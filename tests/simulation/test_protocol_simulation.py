@@ -203,6 +203,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def address_reuse(self, m: int, shift: int, r: int) -> None:
         self._step("address_reuse", m, shift, r)
 
+    @rule(m=mapper_index, k=instance, r=reducer_index, ahead=st.integers(1, 6))
+    def forge_get_rows(self, m: int, k: int, r: int, ahead: int) -> None:
+        self._step("forge", m, k, r, ahead)
+
     @rule(periods=st.sampled_from([1, 4, 12]))
     def time_passes(self, periods: int) -> None:
         self._step("time_passes", periods)
