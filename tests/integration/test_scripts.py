@@ -69,3 +69,17 @@ def test_guarded_script_on_a_new_store(tmp_path: Path) -> None:
     store = re.search(r'store="(sqlite://[^"]+)"', code)
     assert store is not None
     assert sums_in(store[1]) == expected
+
+
+def test_a_guardless_job_imported_by_another_program_stops_with_what_to_do(
+    tmp_path: Path,
+) -> None:
+    write_data(tmp_path)
+    (tmp_path / "job.py").write_text(localized(_readme_job(), tmp_path))
+    (tmp_path / "other.py").write_text("import job\n")
+    # Workers import the job's module, whose top level starts the run again; before, each
+    # worker (and fork server) started runs of its own, without end.
+    run = _python("other.py", cwd=tmp_path)
+    assert run.returncode != 0
+    assert "a run was started inside a worker process" in run.stderr
+    assert 'if __name__ == "__main__":' in run.stderr

@@ -73,6 +73,11 @@ _PRELOAD_ENV = "MILLSTREAM_PRELOAD_MODULES"
 """Where the fork server finds the user's modules (read by ``millstream.runner.user_modules``)."""
 
 
+IN_WORKER_ENV = "MILLSTREAM_IN_WORKER"
+"""Set in the fork server and in every worker process: a run started there (a module
+that runs its job when imported) is refused instead of nesting a run in a worker."""
+
+
 _SCRIPTS: set[str] = set()
 
 

@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from millstream.exceptions import (
     FATAL_ERRORS,
+    ConfigurationError,
     CrashLoopError,
     MillstreamError,
     UserCodeError,
 )
 from millstream.ledger import RunSummary, prepare_store, read_status, summarize
 from millstream.runner.forkserver import (
+    IN_WORKER_ENV,
     WorkerContext,
     die_with_parent,
     is_script,
@@ -68,6 +70,8 @@ def _child_main(
     sys.path[:] = path
     os.environ.clear()
     os.environ.update(environ)
+    os.environ[IN_WORKER_ENV] = "1"
+
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -308,7 +312,19 @@ class LocalRunner:
         return environ
 
     def start(self) -> None:
-        """Check the store and start every worker (and the metrics endpoint, if asked)."""
+        """Check the store and start every worker (and the metrics endpoint, if asked).
+
+        Raises:
+            ConfigurationError: Called inside a worker process: the processor's module
+                starts a run when it is imported.
+        """
+        if os.environ.get(IN_WORKER_ENV):
+            raise ConfigurationError(
+                "a run was started inside a worker process: the module that defines the "
+                "mapper and reducer starts the run when it is imported, and workers import "
+                'it. Start the run under `if __name__ == "__main__":`, or run that file '
+                "itself as the script (`python job.py`, `millstream run job.py:processor`)"
+            )
         start_fork_server(self.processor)
         store = self.processor.open_store()
         try:

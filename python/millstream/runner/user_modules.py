@@ -14,6 +14,7 @@ import os
 
 ENV = "MILLSTREAM_PRELOAD_MODULES"
 
+os.environ["MILLSTREAM_IN_WORKER"] = "1"  # forkserver.IN_WORKER_ENV (stdlib only here)
 for _name in filter(None, os.environ.get(ENV, "").split(",")):
     with contextlib.suppress(Exception, SystemExit):
         importlib.import_module(_name)
