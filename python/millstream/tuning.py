@@ -59,6 +59,9 @@ class Tuning:
             the commit) may take: when commits get expensive (many keys, a big store), the
             reducer waits longer between them so that more rows fold into each, up to
             ``commit_max_interval_seconds``. Cheap commits keep ``commit_interval_seconds``.
+            0.5 keeps the append-to-commit latency of a stream at half of peak load where
+            it was with a fixed interval; 0.25 writes less (fewer, larger commits) but adds
+            a commit's time to that latency.
         commit_max_interval_seconds: The longest wait between commits that
             ``commit_time_share`` may choose; None: five times ``commit_interval_seconds``.
         commit_max_rows: Rows one reducer transaction takes, split across the mappers.
@@ -122,7 +125,7 @@ class Tuning:
     batch_rows: int = 262_144
     memory_limit_bytes: int = 256 * 1024 * 1024
     commit_interval_seconds: float = 0.2
-    commit_time_share: float = 0.25
+    commit_time_share: float = 0.5
     commit_max_interval_seconds: float | None = None
     commit_max_rows: int = 4_000_000
     commit_max_bytes: int = 64 * 1024 * 1024
