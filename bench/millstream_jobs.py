@@ -9,6 +9,14 @@
   key)`` and the three smallest payloads ``("smallest", key)`` (newline-joined; the
   workload's payloads are ASCII letters, digits, ``+`` and ``-``).
 
+* ``counters``: the job the README teaches, in the shapes users vary (the benchmark
+  matrix, :mod:`bench.matrix`). :class:`PreAggregateCounters` folds each input batch into
+  ``config["counters"]`` counters per key (:mod:`bench.counters`) and routes each key by
+  hash; :class:`CountersIntoStore` folds the partial counters and adds each into the store
+  with ``add_many``: under ``(counter,)``, one keyspace the reducers share
+  (``config["layout"] == "shared"``), or under ``(counter, reducer index)``, each reducer's
+  keys together (``"grouped"``).
+
 Every reducer reports its start and its commits through :class:`CommitReporter`: one JSON
 line per committed transaction (reducer, shuffle rows, commit time) written to a FIFO named by the
 ``MILLSTREAM_BENCH_FIFO`` environment variable, so the benchmark times every commit without
@@ -28,6 +36,8 @@ import millstream as ms
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from bench.counters import fold, names, per_row
 
 FIFO_ENV = "MILLSTREAM_BENCH_FIFO"
 NAME = "bench"
@@ -189,9 +199,47 @@ class KeepSmallest(CommitReporter):
         self._merge(batch, None, pa.array([], pa.int64()))
 
 
+LAYOUTS = ("shared", "grouped")
+"""Where a ``counters`` reducer keeps its keys: one keyspace for all, or one per reducer."""
+
+
+class PreAggregateCounters(ms.Mapper):
+    """Folds the batch into ``config["counters"]`` counters per key, routed by key hash."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        n = int(self.config.get("counters", 1))
+        partial = fold(per_row(batch, n), names(n))
+        return ms.Partitioned.by_hash(partial, key="key", num_reducers=self.spec.num_reducers)
+
+
+class CountersIntoStore(CommitReporter):
+    """Folds the partial counters and adds each to its store counter with ``add_many``."""
+
+    def __init__(self, spec: ms.WorkerSpec, config: Any) -> None:
+        super().__init__(spec, config)
+        self.counters = names(int(config.get("counters", 1)))
+        self.layout = config.get("layout", "shared")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+    def _fold(self, batch: pa.RecordBatch) -> pa.Table:
+        return fold(_table(batch), self.counters)
+
+    def write(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        folded = self._fold(batch)
+        keys = folded["key"].combine_chunks()
+        for counter in self.counters:
+            prefix = (counter,) if self.layout == "shared" else (counter, self.spec.index)
+            txn.add_many(prefix, keys, folded[counter].combine_chunks())
+
+    def compute(self, batch: pa.RecordBatch) -> None:
+        self._fold(batch)
+
+
 JOBS: dict[str, tuple[type[ms.Mapper], type[CommitReporter], tuple[str, ...]]] = {
     "keyed_sum": (PreAggregate, SumIntoStore, ("key", "value")),
     "smallest": (RouteRows, KeepSmallest, ("key", "payload")),
+    "counters": (PreAggregateCounters, CountersIntoStore, ("key", "value")),
 }
 """Workload name: mapper, reducer, and the input columns the job reads."""
 
@@ -202,7 +250,7 @@ def build_processor(
     """The processor of workload ``kind`` over ``input_dir`` with its store in ``run_dir``.
 
     ``settings``: ``num_reducers``, ``batch_rows`` and ``commit_interval_seconds`` (None:
-    :class:`millstream.Tuning`'s default).
+    :class:`millstream.Tuning`'s default); for ``counters``, ``counters`` and ``layout``.
     """
     knobs = {
         name: settings[name]
@@ -218,6 +266,10 @@ def build_processor(
         store=f"sqlite:///{run_dir / 'state.db'}?checkpoint_pages=16384",
         num_reducers=settings["num_reducers"],
         name=NAME,
-        config={"write_output": write_output},
+        config={
+            "write_output": write_output,
+            "counters": settings.get("counters", 1),
+            "layout": settings.get("layout", "shared"),
+        },
         tuning=ms.Tuning(**knobs),
     )

@@ -17,7 +17,7 @@ batch boundaries): ``state`` is that run's total, ``output`` is the difference.
 
 Each commit becomes a :class:`~bench.result.BatchRecord` that starts where the reducer's
 previous commit ended (the first at launch). Its ``rows`` are input rows: exact for
-``smallest`` (every input row crosses the shuffle); for ``keyed_sum`` the mappers
+``smallest`` (every input row crosses the shuffle); for ``keyed_sum`` and ``counters`` the mappers
 pre-aggregate, so a commit's shuffle rows are scaled by input rows / shuffle rows of the
 whole run (whole-run figures do not depend on it).
 
@@ -45,8 +45,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench.counters import CHOICES as COUNTER_CHOICES
+from bench.counters import names as counter_names
 from bench.io_meter import IOReport, run_subprocess
-from bench.millstream_jobs import FIFO_ENV, JOBS, NAME, SEPARATOR, SMALLEST
+from bench.millstream_jobs import FIFO_ENV, JOBS, LAYOUTS, NAME, SEPARATOR, SMALLEST
 from bench.result import BatchRecord, RunResult, loadavg, print_result
 from bench.verify import compare
 from bench.workload import SCHEMA, Workload, add_spec_arguments, generate, spec_from_args
@@ -74,6 +76,9 @@ class MillstreamOptions:
         runner: ``local`` (one process per worker, :class:`millstream.runner.LocalRunner`)
             or ``spark`` (every worker a task of one Spark job, :func:`millstream.spark.run`,
             on a ``local[mappers + reducers]`` session in the measured child).
+        counters: Counters per key of the ``counters`` workload (1, 2 or 4).
+        layout: Where the ``counters`` reducers keep their keys: ``shared`` (one keyspace)
+            or ``grouped`` (each reducer's keys under its index).
     """
 
     num_reducers: int = 2
@@ -81,6 +86,8 @@ class MillstreamOptions:
     commit_interval_seconds: float | None = None
     bookkeeping_run: bool = True
     runner: str = "local"
+    counters: int = 1
+    layout: str = "shared"
 
     @property
     def system(self) -> str:
@@ -150,6 +157,8 @@ def _run_measured(
         "batch_rows": opts.batch_rows,
         "commit_interval_seconds": opts.commit_interval_seconds,
         "runner": opts.runner,
+        "counters": opts.counters,
+        "layout": opts.layout,
     }
     args = [
         sys.executable,
@@ -205,14 +214,47 @@ def _batches(commits: list[dict[str, Any]], launch: float, input_rows: int) -> l
     return batches
 
 
-def read_results(run_dir: Path, kind: str) -> pa.Table:
-    """The processor's output as ``key, total`` or ``key, count, s0, s1, s2``, by key."""
+def expected_results(workload: Workload, kind: str, opts: MillstreamOptions) -> pa.Table:
+    """What :func:`read_results` must return for ``kind`` over ``workload``."""
+    if kind == "keyed_sum":
+        return workload.expected_sum()
+    if kind == "counters":
+        return workload.expected_counters(opts.counters)
+    return workload.expected_smallest()
+
+
+def _read_counters(txn: Any, opts: MillstreamOptions) -> pa.Table:
+    """``key`` and each counter, from the ``counters`` job's output (either layout)."""
+    from millstream.state import decode_int64
+
+    columns: dict[str, pa.Array] = {}
+    for counter in counter_names(opts.counters):
+        pairs = txn.get_range_startswith(("out", counter), snapshot=True)
+        table = pa.table(
+            {
+                "key": pa.array([k[-1] for k, _ in pairs], pa.int64()),
+                counter: pa.array([decode_int64(v) for _, v in pairs], pa.int64()),
+            }
+        ).sort_by("key")
+        if "key" not in columns:
+            columns["key"] = table["key"]
+        elif not table["key"].equals(columns["key"]):
+            raise RuntimeError(f"counter {counter!r} holds other keys than the first counter")
+        columns[counter] = table[counter]
+    return pa.table(columns)
+
+
+def read_results(run_dir: Path, kind: str, opts: MillstreamOptions | None = None) -> pa.Table:
+    """The processor's output as ``key, total``, ``key, count, s0, s1, s2`` or ``key`` and
+    the counters, by key."""
     from millstream.state import decode_int64, open_store
 
     store = open_store(f"sqlite:///{run_dir / 'state.db'}", prefix=(NAME,))
     try:
         txn = store.create_transaction()
         try:
+            if kind == "counters":
+                return _read_counters(txn, opts or MillstreamOptions())
             if kind == "keyed_sum":
                 pairs = txn.get_range_startswith(("out", "sum"), snapshot=True)
                 return pa.table(
@@ -248,7 +290,8 @@ def measure(
     *,
     log: Callable[[str], None] = print,
 ) -> RunResult:
-    """Run ``kind`` (``keyed_sum`` or ``smallest``) through millstream and measure it.
+    """Run ``kind`` (``keyed_sum``, ``smallest`` or ``counters``) through millstream and
+    measure it.
 
     Returns:
         The measured figures; ``verified["ok"]`` says whether every key matched.
@@ -264,7 +307,7 @@ def measure(
         raise MillstreamUnavailable(f"cannot import millstream ({exc})") from exc
     opts = opts or MillstreamOptions()
     runs = RESULTS / opts.system / "runs"
-    expected = workload.expected_sum() if kind == "keyed_sum" else workload.expected_smallest()
+    expected = expected_results(workload, kind, opts)
     load_before = loadavg()
     run_dir = runs / f"{kind}-{workload.spec.rows}"
     launch, commits, report, summary = _run_measured(
@@ -272,7 +315,7 @@ def measure(
     )
     load_after = loadavg()
     log(f"    verifying {expected.num_rows:,} keys")
-    verification = compare(expected, read_results(run_dir, kind))
+    verification = compare(expected, read_results(run_dir, kind, opts))
     written = {
         "total": report.write_bytes,
         "net": report.net_write_bytes,
@@ -342,6 +385,19 @@ def add_millstream_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the workers as local processes or as the tasks of one Spark job",
     )
     parser.add_argument(
+        "--counters",
+        type=int,
+        choices=COUNTER_CHOICES,
+        default=d.counters,
+        help="counters per key (workload counters)",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=d.layout,
+        help="counters workload: one output keyspace for all reducers, or one per reducer",
+    )
+    parser.add_argument(
         "--no-bookkeeping-run",
         action="store_true",
         help="skip the run without output writes (no state/output split)",
@@ -356,6 +412,8 @@ def options_from_args(args: argparse.Namespace) -> MillstreamOptions:
         commit_interval_seconds=args.commit_interval,
         bookkeeping_run=not args.no_bookkeeping_run,
         runner=args.runner,
+        counters=args.counters,
+        layout=args.layout,
     )
 
 

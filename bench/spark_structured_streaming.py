@@ -4,6 +4,8 @@ Query: a file-source ``readStream`` over the workload's Parquet partition direct
 given, ``maxFilesPerTrigger`` files per micro-batch), then
 
 * ``keyed_sum``: ``groupBy("key").agg(sum("value"))``, output mode ``update``;
+* ``counters``: ``groupBy("key").agg(...)`` of 1, 2 or 4 counters (:mod:`bench.counters`),
+  output mode ``update``;
 * ``smallest``: ``groupBy("key").applyInPandasWithState(...)`` keeping per key the row count
   and the three smallest payloads, which no partial aggregation can combine before the
   shuffle (Spark ships every row to its key's state), output mode ``update``;
@@ -47,6 +49,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench.counters import CHOICES as COUNTER_CHOICES
+from bench.counters import names as counter_names
+from bench.counters import spark_columns
 from bench.dir_meter import DirectoryMeter
 from bench.io_meter import ProcessIO, run_subprocess
 from bench.result import BatchRecord, RunResult, loadavg, print_result
@@ -55,7 +60,7 @@ from bench.workload import SCHEMA, Workload, add_spec_arguments, generate, spec_
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-WORKLOADS = ("keyed_sum", "smallest")
+WORKLOADS = ("keyed_sum", "smallest", "counters")
 
 
 @dataclass(frozen=True)
@@ -88,9 +93,10 @@ class SparkOptions:
 class SqliteSink:
     """Idempotent ``foreachBatch`` sink: one SQLite transaction per batch id."""
 
-    def __init__(self, path: Path, workload: str) -> None:
+    def __init__(self, path: Path, workload: str, counters: int = 1) -> None:
         self.path = path
         self.workload = workload
+        self.counters = counters
         self.applied: list[dict[str, float]] = []
         self._con: sqlite3.Connection | None = None
 
@@ -104,6 +110,9 @@ class SqliteSink:
                 con.execute(
                     "CREATE TABLE IF NOT EXISTS result (key INTEGER PRIMARY KEY, total INTEGER)"
                 )
+            elif self.workload == "counters":
+                columns = "".join(f", {c} INTEGER" for c in counter_names(self.counters))
+                con.execute(f"CREATE TABLE IF NOT EXISTS result (key INTEGER PRIMARY KEY{columns})")
             else:
                 con.execute(
                     "CREATE TABLE IF NOT EXISTS result (key INTEGER PRIMARY KEY, count INTEGER,"
@@ -223,6 +232,8 @@ def run_child(args: argparse.Namespace) -> None:
     )
     if args.workload == "keyed_sum":
         query_df = source.groupBy("key").agg(F.sum("value").alias("total"))
+    elif args.workload == "counters":
+        query_df = source.groupBy("key").agg(*spark_columns(args.counters))
     else:
         query_df = (
             source.select("key", "payload")
@@ -235,7 +246,7 @@ def run_child(args: argparse.Namespace) -> None:
                 timeoutConf=GroupStateTimeout.NoTimeout,
             )
         )
-    sink = SqliteSink(run_dir / "sink" / "sink.db", args.workload)
+    sink = SqliteSink(run_dir / "sink" / "sink.db", args.workload, args.counters)
     writer = (
         query_df.writeStream.outputMode("update")
         .option("checkpointLocation", str(run_dir / "checkpoint"))
@@ -316,13 +327,16 @@ def _classify(driver_pid: int) -> Callable[[ProcessIO], str]:
     return classify
 
 
-def read_sink(path: Path, workload: str) -> pa.Table:
+def read_sink(path: Path, workload: str, counters: int = 1) -> pa.Table:
     """The sink's result table."""
     con = sqlite3.connect(path)
     try:
         if workload == "keyed_sum":
             rows = con.execute("SELECT key, total FROM result ORDER BY key").fetchall()
             names = ["key", "total"]
+        elif workload == "counters":
+            names = ["key", *counter_names(counters)]
+            rows = con.execute(f"SELECT {', '.join(names)} FROM result ORDER BY key").fetchall()
         else:
             rows = con.execute("SELECT key, count, s0, s1, s2 FROM result ORDER BY key").fetchall()
             names = ["key", "count", "s0", "s1", "s2"]
@@ -338,15 +352,17 @@ def measure(
     opts: SparkOptions,
     run_dir: Path | None = None,
     *,
+    counters: int = 1,
     log: Callable[[str], None] = print,
 ) -> RunResult:
     """Run one workload through Spark in a measured child process and verify every key.
 
     Args:
         workload: The generated input.
-        kind: ``keyed_sum`` or ``smallest``.
+        kind: ``keyed_sum``, ``smallest`` or ``counters``.
         opts: Spark settings.
         run_dir: Scratch directory (checkpoint, sink, local dirs); wiped first.
+        counters: Counters per key of the ``counters`` workload.
         log: Progress output.
 
     Returns:
@@ -359,7 +375,12 @@ def measure(
         shutil.rmtree(run_dir)
     for sub in ("sink", "tmp", "spark-local", "checkpoint"):
         (run_dir / sub).mkdir(parents=True)
-    expected = workload.expected_sum() if kind == "keyed_sum" else workload.expected_smallest()
+    if kind == "counters":
+        expected = workload.expected_counters(counters)
+    elif kind == "keyed_sum":
+        expected = workload.expected_sum()
+    else:
+        expected = workload.expected_smallest()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -382,6 +403,8 @@ def measure(
         repr(launch),
         "--options",
         json.dumps(opts.__dict__),
+        "--counters",
+        str(counters),
     ]
     dirs = {
         "checkpoint": run_dir / "checkpoint",
@@ -406,7 +429,7 @@ def measure(
     child = json.loads((run_dir / "child.json").read_text())
     groups = report.group(_classify(child["driver_pid"]))
     log(f"    verifying {expected.num_rows:,} keys")
-    verification = compare(expected, read_sink(run_dir / "sink" / "sink.db", kind))
+    verification = compare(expected, read_sink(run_dir / "sink" / "sink.db", kind, counters))
     driver = groups.get("driver", {}).get("write_bytes", 0)
     jvm = groups.get("jvm", {}).get("write_bytes", 0)
     written = {
@@ -498,6 +521,13 @@ def main() -> None:
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("--launch", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--options", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--counters",
+        type=int,
+        choices=COUNTER_CHOICES,
+        default=1,
+        help="counters per key (workload counters)",
+    )
     add_spec_arguments(parser)
     add_spark_arguments(parser)
     args = parser.parse_args()
@@ -505,7 +535,7 @@ def main() -> None:
         run_child(args)
         return
     workload = generate(spec_from_args(args), args.data_root, verbose=True)
-    result = measure(workload, args.workload, options_from_args(args))
+    result = measure(workload, args.workload, options_from_args(args), counters=args.counters)
     result.save(RESULTS / "spark" / f"{args.workload}-{workload.spec.rows}.json")
     print_result(result)
     if not result.verified["ok"]:

@@ -6,6 +6,7 @@ Layout under ``<root>/<spec.dirname>/``::
     partition=<p>/part-<k>.parquet    P partitions of several files each
     expected_sum.parquet              key, total  (sum of value per key)
     expected_smallest.parquet         key, count, s0, s1, s2  (three smallest payloads)
+    expected_counters_<n>.parquet     key and n counters (bench.counters)
 
 Rows: int64 ``key`` uniform over ``keys`` keys, int64 ``value`` in ``[0, 1,000,000)``, and a
 64-character ASCII ``payload`` (random, so it does not compress): 8 + 8 + 64 bytes plus a
@@ -112,6 +113,15 @@ class Workload:
         path = self.path / "expected_smallest.parquet"
         if not path.exists():
             _write_atomic(path, expected_smallest(self._dataset()))
+        return pq.read_table(path)
+
+    def expected_counters(self, n: int) -> pa.Table:
+        """``key`` and the first ``n`` counters of :mod:`bench.counters`, sorted by key."""
+        from bench.counters import aggregate
+
+        path = self.path / f"expected_counters_{n}.parquet"
+        if not path.exists():
+            _write_atomic(path, aggregate(self._dataset(), n))
         return pq.read_table(path)
 
     def _dataset(self) -> pa.Table:
