@@ -93,6 +93,10 @@ class Processor:
             raise ConfigurationError(
                 f"tuning.get_rows_poll_seconds must be >= 0, got {t.get_rows_poll_seconds}"
             )
+        if t.gather_seconds < 0:
+            raise ConfigurationError(
+                f"tuning.gather_seconds must be >= 0 (0: never gather), got {t.gather_seconds}"
+            )
         if not 0 <= t.get_rows_wait_seconds <= t.rpc_timeout_seconds:
             raise ConfigurationError(
                 "tuning.get_rows_wait_seconds must be between 0 and rpc_timeout_seconds "

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from millstream.inputs.base import ReadResult
-from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsHandler
+from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsGatherer, RowsHandler
 from millstream.workers.clock import ManualClock
 
 if TYPE_CHECKING:
@@ -141,7 +141,9 @@ class InProcessTransport:
             call.max_bytes,
             call.mapper_guid,
         )
-        return GetRowsResult(n, last, payload)
+        # In process a call is never held (a simulation steps the workers itself); the
+        # backlog signal still reaches the reducer.
+        return GetRowsResult(n, last, payload, isinstance(handler, RowsGatherer) and handler.behind)
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
         """The calls one after another; each slot holds the result or the error."""

@@ -84,6 +84,14 @@ class Tuning:
             before it commits the rows it has. A mapper that answers later (frozen,
             overloaded) holds nobody: its call stays under way and its answer is used in a
             later round (thesis 4.4: a slow partition does not hold the others).
+        gather_seconds: While its mappers are behind their input (their last reads filled
+            whole batches: a backlog, a replay, a bounded input read at full speed), how
+            long a reducer lets each mapper hold its GetRows until a full commit's worth of
+            rows (``commit_max_rows``, ``commit_max_bytes``) waits for it, the mapper
+            catches up, or its window is half full. The reducer then commits few, large
+            transactions, rewriting each touched key once per transaction instead of once
+            per small commit, as a micro-batch engine does when it falls behind. A reducer
+            whose mappers keep up commits on the usual cadence. 0: never gather.
         split_brain_delay_seconds: Wait before a mapper restarts ingestion after it saw
             another instance write its state.
         grpc_max_message_bytes: gRPC send/receive limit on both sides.
@@ -138,6 +146,7 @@ class Tuning:
     rpc_timeout_seconds: float = 10.0
     get_rows_poll_seconds: float = 1.0
     get_rows_wait_seconds: float = 0.1
+    gather_seconds: float = 2.0
     split_brain_delay_seconds: float = 0.5
     grpc_max_message_bytes: int = 64 * 1024 * 1024
     advertise_host: str | None = None

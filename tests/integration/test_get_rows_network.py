@@ -58,7 +58,9 @@ def test_a_frozen_mapper_holds_nobody_and_the_results_stay_exact(tmp_path: Path)
         tmp_path / "state.db",
         mapper=SlowKeyedSumMapper,
         config={"map_seconds": 0.05},
-        tune=tuning(rpc_timeout_seconds=30.0),
+        # Commit as rows come, without gathering a backlog first: mapper 0 must still be
+        # reading when it is frozen.
+        tune=tuning(rpc_timeout_seconds=30.0, gather_seconds=0.0),
     )
     runner = LocalRunner(processor)
     runner.start()
@@ -106,6 +108,9 @@ def test_a_forged_get_rows_loses_no_row(tmp_path: Path) -> None:
         tmp_path / "state.db",
         mapper=SlowKeyedSumMapper,
         config={"map_seconds": 0.03},
+        # Commit as rows come, without gathering a backlog first: the mapper must still be
+        # reading when the forged call reaches it.
+        tune=tuning(gather_seconds=0.0),
     )
     runner = LocalRunner(processor)
     runner.start()

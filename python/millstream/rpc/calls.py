@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 GET_ROWS_ENVELOPE_BYTES = 64
 """Bytes a ``GetRowsResponse`` takes besides its Arrow IPC payload: the tags and varints of
-its three fields (at most 33 bytes), with room to spare."""
+its four fields (at most 35 bytes), with room to spare."""
 
 
 def max_payload_bytes(max_message_bytes: int) -> int:
@@ -36,6 +36,9 @@ class GetRowsCall:
         max_bytes: Byte cap of the response.
         wait_seconds: With no rows ready, how long the mapper may hold the call for rows
             to arrive (0: answer at once).
+        gather_rows: A reducer folding a backlog: the mapper holds the call (at most
+            ``wait_seconds``) until this many rows wait for the reducer, it has caught up
+            with its input, or its window is half full (0: answer when any row is ready).
     """
 
     mapper_index: int
@@ -46,15 +49,20 @@ class GetRowsCall:
     max_rows: int
     max_bytes: int
     wait_seconds: float = 0.0
+    gather_rows: int = 0
 
 
 @dataclass(frozen=True)
 class GetRowsResult:
-    """A mapper's answer: rows after the committed index, as one Arrow IPC stream."""
+    """A mapper's answer: rows after the committed index, as one Arrow IPC stream.
+
+    ``behind``: the mapper's last read filled a whole batch, so more rows follow at once.
+    """
 
     row_count: int
     last_shuffle_row_index: int
     arrow_ipc: bytes
+    behind: bool = False
 
 
 class NotAnsweredYet(TimeoutError):
@@ -87,6 +95,21 @@ class RowsWaiter(Protocol):
     def wait_for_rows(self, reducer_index: int, timeout_seconds: float) -> bool:
         """Wait until rows for ``reducer_index`` may be ready, at most ``timeout_seconds``;
         returns whether to look again."""
+        ...
+
+
+@runtime_checkable
+class RowsGatherer(Protocol):
+    """A handler that can hold a reducer's call while a backlog gathers (the mapper)."""
+
+    @property
+    def behind(self) -> bool:
+        """Whether the last read filled a whole batch (more input is ready at once)."""
+        ...
+
+    def gather(self, reducer_index: int, min_rows: int, timeout_seconds: float) -> None:
+        """Return when ``min_rows`` rows wait for ``reducer_index``, the mapper is no longer
+        behind, its window is half full, or ``timeout_seconds`` have passed."""
         ...
 
 

@@ -20,6 +20,9 @@ from millstream.exceptions import StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
 from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 
+_GATHER_MARGIN_SECONDS = 0.05
+"""Extra wait for a gathering call's answer beyond the time the mapper may hold it."""
+
 __all__ = ["GetRowsCall", "GetRowsResult", "GrpcRowsClient", "NotAnsweredYet", "RowsClient"]
 
 
@@ -88,6 +91,7 @@ class GrpcRowsClient:
             mapper_id=call.mapper_guid,
             max_bytes=call.max_bytes,
             wait_ms=round(call.wait_seconds * 1000),
+            gather_rows=call.gather_rows,
         )
         future: grpc.Future = self._stub(call.address).GetRows.future(
             request, timeout=self._timeout
@@ -103,7 +107,10 @@ class GrpcRowsClient:
                 raise StaleMapperError(exc.details() or "stale mapper id") from None
             raise
         return GetRowsResult(
-            response.row_count, response.last_shuffle_row_index, response.arrow_ipc
+            response.row_count,
+            response.last_shuffle_row_index,
+            response.arrow_ipc,
+            response.behind,
         )
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
@@ -129,7 +136,12 @@ class GrpcRowsClient:
             entries.append(entry)
         # A mapper that did not answer in an earlier round is not waited for again (a frozen
         # one would add the wait to every round); its answer is taken when it is there.
-        deadline = time.monotonic() + self._wait
+        # A call gathering a backlog is held by its mapper on purpose: wait for it.
+        wait = max(
+            [self._wait]
+            + [c.wait_seconds + _GATHER_MARGIN_SECONDS for c in calls if c.gather_rows > 0]
+        )
+        deadline = time.monotonic() + wait
         for future in fresh:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -141,7 +153,7 @@ class GrpcRowsClient:
             except grpc.FutureCancelledError:
                 pass
         if entries and not any(future.done() for _, future in entries):
-            self._wait_for_any([future for _, future in entries], self._wait)
+            self._wait_for_any([future for _, future in entries], wait)
         results: list[GetRowsResult | BaseException] = []
         for call, (_, future) in zip(calls, entries, strict=True):
             if not future.done():

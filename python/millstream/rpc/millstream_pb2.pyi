@@ -5,27 +5,31 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetRowsRequest(_message.Message):
-    __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_id", "max_bytes", "wait_ms")
+    __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_id", "max_bytes", "wait_ms", "gather_rows")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     REDUCER_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_ROW_INDEX_FIELD_NUMBER: _ClassVar[int]
     MAPPER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    GATHER_ROWS_FIELD_NUMBER: _ClassVar[int]
     count: int
     reducer_index: int
     committed_row_index: int
     mapper_id: str
     max_bytes: int
     wait_ms: int
-    def __init__(self, count: _Optional[int] = ..., reducer_index: _Optional[int] = ..., committed_row_index: _Optional[int] = ..., mapper_id: _Optional[str] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    gather_rows: int
+    def __init__(self, count: _Optional[int] = ..., reducer_index: _Optional[int] = ..., committed_row_index: _Optional[int] = ..., mapper_id: _Optional[str] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., gather_rows: _Optional[int] = ...) -> None: ...
 
 class GetRowsResponse(_message.Message):
-    __slots__ = ("row_count", "last_shuffle_row_index", "arrow_ipc")
+    __slots__ = ("row_count", "last_shuffle_row_index", "arrow_ipc", "behind")
     ROW_COUNT_FIELD_NUMBER: _ClassVar[int]
     LAST_SHUFFLE_ROW_INDEX_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
     row_count: int
     last_shuffle_row_index: int
     arrow_ipc: bytes
-    def __init__(self, row_count: _Optional[int] = ..., last_shuffle_row_index: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+    behind: bool
+    def __init__(self, row_count: _Optional[int] = ..., last_shuffle_row_index: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., behind: _Optional[bool] = ...) -> None: ...

@@ -9,7 +9,7 @@ import grpc
 
 from millstream.exceptions import CommittedIndexError, StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.rpc.calls import RowsHandler, RowsWaiter, max_payload_bytes
+from millstream.rpc.calls import RowsGatherer, RowsHandler, RowsWaiter, max_payload_bytes
 
 _MAX_WAIT_SECONDS = 30.0
 """The longest a call may be held waiting for rows, whatever the request says."""
@@ -26,7 +26,23 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         max_bytes = min(request.max_bytes or self._max_bytes, self._max_bytes)
         wait = max(0, request.wait_ms) / 1000 if request.count > 0 else 0.0
         deadline = time.monotonic() + min(wait, _MAX_WAIT_SECONDS)
+        handler = self._handler
         try:
+            if request.gather_rows > 0 and wait > 0 and isinstance(handler, RowsGatherer):
+                # Acknowledge the committed index first (frees memory, lets the mapper read
+                # on), then hold the call while the reducer's backlog gathers.
+                handler.handle_get_rows(
+                    request.reducer_index,
+                    request.committed_row_index,
+                    0,
+                    max_bytes,
+                    request.mapper_id,
+                )
+                handler.gather(
+                    request.reducer_index,
+                    min(request.gather_rows, max(1, request.count)),
+                    deadline - time.monotonic(),
+                )
             while True:
                 count, last, payload = self._handler.handle_get_rows(
                     request.reducer_index,
@@ -47,7 +63,10 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         except (CommittedIndexError, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return millstream_pb2.GetRowsResponse(
-            row_count=count, last_shuffle_row_index=last, arrow_ipc=payload if count else b""
+            row_count=count,
+            last_shuffle_row_index=last,
+            arrow_ipc=payload if count else b"",
+            behind=isinstance(handler, RowsGatherer) and handler.behind,
         )
 
 

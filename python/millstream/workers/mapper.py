@@ -84,6 +84,9 @@ class MapperWorker:
         self.window: _core.Window | None = None
         self.persisted = MapperState()
         self.end_of_input = False
+        self.behind = False
+        """Whether the last read filled a whole batch: more input is ready at once, so the
+        reducers may gather rows into fewer, larger commits (:meth:`gather`)."""
         self._token = b""
         self.rows_read = 0
         self.rows_shuffled = 0
@@ -120,6 +123,7 @@ class MapperWorker:
         self._notify_rows()
         self._token = self.persisted.continuation_token
         self.end_of_input = False
+        self.behind = True  # until the first read says otherwise
         self._batches_unpersisted = 0
         self._input_trimmed_to = None
 
@@ -154,7 +158,9 @@ class MapperWorker:
         self._check_persisted()
         batch = result.batch
         rows = 0 if batch is None else batch.num_rows
+        self.behind = rows >= self.tuning.batch_rows and not result.end_of_input
         if batch is None or rows == 0:
+            self._notify_rows()  # a reducer gathering rows stops waiting for more
             self.end_of_input = result.end_of_input
             if result.continuation_token != self._token:
                 window.push(_EMPTY, _EMPTY_INDICES, begin, result.continuation_token)
@@ -338,6 +344,28 @@ class MapperWorker:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
+                self._rows_pushed.wait(left)
+
+    def gather(self, reducer_index: int, min_rows: int, timeout_seconds: float) -> None:
+        """Hold a reducer's GetRows while its backlog gathers: return once ``min_rows`` rows
+        wait for ``reducer_index``, this mapper has caught up with its input (no longer
+        :attr:`behind`), its window is half full (reading must not stall on the memory
+        limit), or ``timeout_seconds`` have passed. A reducer that is behind thus commits
+        a few large batches instead of many small ones, as a micro-batch engine does."""
+        window = self.window
+        if window is None or not 0 <= reducer_index < self.processor.num_reducers:
+            return
+        deadline = time.monotonic() + timeout_seconds
+        with self._rows_pushed:
+            while not self._closed and self.window is window and self.behind:
+                if window.bucket_len(reducer_index) >= min_rows:
+                    return
+                snapshot = window.snapshot()
+                if 2 * snapshot.buffered_bytes >= snapshot.memory_limit_bytes:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
                 self._rows_pushed.wait(left)
 
     def _notify_rows(self) -> None:

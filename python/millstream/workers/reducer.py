@@ -95,6 +95,11 @@ class ReducerWorker:
         self.last_transaction_seconds = 0.0
         """How long the last committed transaction took, ``reduce`` included."""
         self.capped = False
+        self.behind = True
+        """Whether a mapper said in its last answer that it is behind its input (at start:
+        assume so; the first answers tell)."""
+        self._row_bytes = 0.0
+        """Arrow bytes per fetched row, recently (0: not known yet)."""
         self.renewals = 0
         self.discovery = DiscoveryView(clock, self.tuning.heartbeat_seconds)
         self.on_committed: Callable[[float, int, int, int], None] | None = None
@@ -154,6 +159,20 @@ class ReducerWorker:
         size = max(1, min(t.get_rows_max_bytes, int(t.commit_max_bytes * scale) // max(1, live)))
         return rows, size
 
+    @property
+    def gathering(self) -> bool:
+        """Whether the next fetch lets the mappers gather a full commit's worth of rows
+        (:attr:`~millstream.Tuning.gather_seconds`) instead of following the cadence."""
+        return self.behind and self.tuning.gather_seconds > 0
+
+    def _gather_rows(self, max_rows: int, max_bytes: int) -> int:
+        """Rows each mapper should gather for this reducer before answering (0: none)."""
+        if not self.gathering:
+            return 0
+        if self._row_bytes <= 0:
+            return max_rows
+        return max(1, min(max_rows, int(max_bytes / self._row_bytes)))
+
     def run_once(self) -> bool:
         """One iteration of thesis 4.4.2 (steps 2-8). Returns whether a batch was committed.
 
@@ -173,7 +192,11 @@ class ReducerWorker:
             if m not in drained and 0 <= m < self.processor.num_mappers
         }
         max_rows, max_bytes = self._caps(len(live))
-        poll = min(self.tuning.get_rows_poll_seconds, self.tuning.rpc_timeout_seconds / 2)
+        gather = self._gather_rows(max_rows, max_bytes)
+        poll = min(
+            self.tuning.gather_seconds if gather else self.tuning.get_rows_poll_seconds,
+            self.tuning.rpc_timeout_seconds / 2,
+        )
         calls = [
             GetRowsCall(
                 m,
@@ -184,12 +207,19 @@ class ReducerWorker:
                 max_rows,
                 max_bytes,
                 poll,
+                gather,
             )
             for m, info in sorted(live.items())
         ]
         if not calls:
             return False
         results = self.rows_client.get_rows_many(calls)
+        answered = [result for result in results if isinstance(result, GetRowsResult)]
+        if answered:
+            self.behind = any(result.behind for result in answered)
+            rows = sum(result.row_count for result in answered)
+            if rows:
+                self._row_bytes = sum(len(result.arrow_ipc) for result in answered) / rows
         self.capped = any(
             isinstance(result, GetRowsResult)
             and (result.row_count >= call.max_rows or len(result.arrow_ipc) >= call.max_bytes // 2)
@@ -409,7 +439,9 @@ class ReducerWorker:
 
         Waits between commits (rows accumulate meanwhile and go into one transaction) as
         long as :class:`~millstream.workers.cadence.CommitCadence` says, unless the last
-        fetch hit its row or byte cap or every mapper has drained; polls an
+        fetch hit its row or byte cap, the mappers are behind (then they hold the next
+        fetch until a full commit's worth of rows gathers, see :attr:`gathering`), or every
+        mapper has drained; polls an
         idle processor less and less often, down to ten times a second; and backs off
         after errors (thesis 4.4.2 step 1).
         """
@@ -420,7 +452,7 @@ class ReducerWorker:
         last_commit = self.clock.now() - t.commit_interval_seconds
         while not stop.is_set():
             wait = cadence.interval - (self.clock.now() - last_commit)
-            while wait > 0 and not self.capped and not stop.is_set():
+            while wait > 0 and not self.capped and not self.gathering and not stop.is_set():
                 self.clock.sleep(min(wait, 0.1), stop)
                 wait = cadence.interval - (self.clock.now() - last_commit)
                 if wait > 0 and self.drained_now():
