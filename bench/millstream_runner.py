@@ -248,8 +248,15 @@ def read_results(run_dir: Path, kind: str, opts: MillstreamOptions | None = None
     """The processor's output as ``key, total``, ``key, count, s0, s1, s2`` or ``key`` and
     the counters, by key."""
     from millstream.state import decode_int64, open_store
+    from millstream.state.limits import StoreLimits
 
-    store = open_store(f"sqlite:///{run_dir / 'state.db'}", prefix=(NAME,))
+    # One snapshot of a finished run; millions of keys take longer to read than the 5 s a
+    # transaction of the job may run.
+    store = open_store(
+        f"sqlite:///{run_dir / 'state.db'}",
+        prefix=(NAME,),
+        limits=StoreLimits(max_transaction_seconds=3600.0),
+    )
     try:
         txn = store.create_transaction()
         try:
