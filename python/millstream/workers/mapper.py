@@ -158,8 +158,11 @@ class MapperWorker:
         self._check_persisted()
         batch = result.batch
         rows = 0 if batch is None else batch.num_rows
-        self.behind = rows >= self.tuning.batch_rows and not result.end_of_input
+        # Told to gathering reducers only once this batch's rows are in the window (below),
+        # or a reducer that stops gathering would leave them for another commit.
+        behind = rows >= self.tuning.batch_rows and not result.end_of_input
         if batch is None or rows == 0:
+            self.behind = behind
             self._notify_rows()  # a reducer gathering rows stops waiting for more
             self.end_of_input = result.end_of_input
             if result.continuation_token != self._token:
@@ -186,6 +189,7 @@ class MapperWorker:
             )
         try:
             window.push(mapped.batch, mapped.reducer_indices, end, result.continuation_token)
+            self.behind = behind
             self._notify_rows()
         except MemoryLimitError as exc:
             raise ConfigurationError(

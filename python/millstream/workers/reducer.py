@@ -100,6 +100,8 @@ class ReducerWorker:
         assume so; the first answers tell)."""
         self._row_bytes = 0.0
         """Arrow bytes per fetched row, recently (0: not known yet)."""
+        self._missing_since: float | None = None
+        """When a gathering reducer first found an undrained mapper missing from discovery."""
         self.renewals = 0
         self.discovery = DiscoveryView(clock, self.tuning.heartbeat_seconds)
         self.on_committed: Callable[[float, int, int, int], None] | None = None
@@ -173,6 +175,19 @@ class ReducerWorker:
             return max_rows
         return max(1, min(max_rows, int(max_bytes / self._row_bytes)))
 
+    def _await_missing_mappers(self, present: int) -> bool:
+        """Whether to skip this round: a gathering reducer waits for every mapper to appear
+        in discovery (at start-up they register one by one), at most ``gather_seconds``,
+        so that its first commit holds every mapper's backlog instead of one mapper's rows
+        alone. A mapper still missing after that (down) holds nobody."""
+        if not self.gathering or present >= self.processor.num_mappers:
+            self._missing_since = None
+            return False
+        now = self.clock.now()
+        if self._missing_since is None:
+            self._missing_since = now
+        return now - self._missing_since < self.tuning.gather_seconds
+
     def run_once(self) -> bool:
         """One iteration of thesis 4.4.2 (steps 2-8). Returns whether a batch was committed.
 
@@ -191,6 +206,8 @@ class ReducerWorker:
             for m, info in mappers.items()
             if m not in drained and 0 <= m < self.processor.num_mappers
         }
+        if self._await_missing_mappers(len(live) + len(drained)):
+            return False
         max_rows, max_bytes = self._caps(len(live))
         gather = self._gather_rows(max_rows, max_bytes)
         poll = min(
