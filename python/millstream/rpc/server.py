@@ -44,7 +44,7 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
                     deadline - time.monotonic(),
                 )
             while True:
-                count, last, payload = self._handler.handle_get_rows(
+                count, last, payload = handler.handle_get_rows(
                     request.reducer_index,
                     request.committed_row_index,
                     max(0, request.count),
@@ -52,9 +52,9 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
                     request.mapper_id,
                 )
                 left = deadline - time.monotonic()
-                if count or left <= 0 or not isinstance(self._handler, RowsWaiter):
+                if count or left <= 0 or not isinstance(handler, RowsWaiter):
                     break
-                if not context.is_active() or not self._handler.wait_for_rows(
+                if not context.is_active() or not handler.wait_for_rows(
                     request.reducer_index, left
                 ):
                     break

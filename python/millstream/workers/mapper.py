@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -338,17 +339,9 @@ class MapperWorker:
         window = self.window
         if window is None or not 0 <= reducer_index < self.processor.num_reducers:
             return False
-        deadline = time.monotonic() + timeout_seconds
-        with self._rows_pushed:
-            while True:
-                if self._closed:
-                    return False
-                if self.window is not window or window.bucket_len(reducer_index) > 0:
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._rows_pushed.wait(left)
+        return self._wait_on_window(
+            window, lambda: window.bucket_len(reducer_index) > 0, timeout_seconds
+        )
 
     def gather(self, reducer_index: int, min_rows: int, timeout_seconds: float) -> None:
         """Hold a reducer's GetRows while its backlog gathers: return once ``min_rows`` rows
@@ -359,18 +352,30 @@ class MapperWorker:
         window = self.window
         if window is None or not 0 <= reducer_index < self.processor.num_reducers:
             return
+
+        def gathered() -> bool:
+            if not self.behind or window.bucket_len(reducer_index) >= min_rows:
+                return True
+            snapshot = window.snapshot()
+            return 2 * snapshot.buffered_bytes >= snapshot.memory_limit_bytes
+
+        self._wait_on_window(window, gathered, timeout_seconds)
+
+    def _wait_on_window(
+        self, window: _core.Window, ready: Callable[[], bool], timeout_seconds: float
+    ) -> bool:
+        """Wait, woken whenever rows are pushed, until ``ready()`` or the window is replaced
+        (True), or this worker closes or ``timeout_seconds`` pass (False)."""
         deadline = time.monotonic() + timeout_seconds
         with self._rows_pushed:
-            while not self._closed and self.window is window and self.behind:
-                if window.bucket_len(reducer_index) >= min_rows:
-                    return
-                snapshot = window.snapshot()
-                if 2 * snapshot.buffered_bytes >= snapshot.memory_limit_bytes:
-                    return
+            while not self._closed:
+                if self.window is not window or ready():
+                    return True
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return
+                    return False
                 self._rows_pushed.wait(left)
+            return False
 
     def _notify_rows(self) -> None:
         with self._rows_pushed:

@@ -16,27 +16,17 @@ from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 from millstream.testing import InProcessTransport
 from millstream.workers import MapperWorker, ReducerWorker
-from worker_fixtures import MemoryInput
+from worker_fixtures import CountRows, MemoryInput, PassThrough
 
 BATCH = 100
 ROWS = 1_000
 
 
-class Route(ms.Mapper):
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
-
-
-class Count(ms.Reducer):
-    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        txn.add(("rows",), batch.num_rows)
-
-
 def _processor(tmp_path: Path, **tuning: object) -> ms.Processor:
     rows = pa.table({"key": pa.array(range(ROWS), pa.int64())})
     return ms.Processor(
-        mapper=Route,
-        reducer=Count,
+        mapper=PassThrough,
+        reducer=CountRows,
         input=MemoryInput([rows], bounded=False),
         store=f"sqlite:///{tmp_path / 'state.db'}",
         num_reducers=1,
