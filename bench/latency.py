@@ -99,6 +99,12 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="SQLite write-ahead log pages between checkpoints (store default 16,384)",
     )
+    parser.add_argument(
+        "--delivery",
+        choices=["exactly_once", "at_least_once"],
+        default="exactly_once",
+        help="Processor.delivery",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's store")
     parser.add_argument(
         "--what-if-flock",
@@ -128,6 +134,7 @@ def make_pipeline(args: argparse.Namespace, label: str) -> Pipeline:
         num_mappers=args.mappers,
         num_reducers=args.reducers,
         keys=args.keys,
+        delivery=args.delivery,
         store_options="&".join(
             ([] if args.synchronous == "full" else [f"synchronous={args.synchronous}"])
             + (
@@ -540,7 +547,9 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of result file names")
     add_pipeline_arguments(parser)
     args = parser.parse_args()
-    tag = f"-{args.tag}" if args.tag else ""
+    tag = (f"-{args.tag}" if args.tag else "") + (
+        "-alo" if args.delivery == "at_least_once" else ""
+    )
     results: list[dict[str, Any]] = []
     if args.mode == "drain":
         run_drain(args, f"drain-{args.drain_rows}{tag}")

@@ -52,6 +52,7 @@ import pyarrow as pa
 from millstream import _core
 from millstream.inputs import StoreQueue
 from millstream.ledger import read_statuses
+from millstream.processor import Delivery
 from millstream.runner.forkserver import start_fork_server
 from millstream.runner.local import LocalRunner, RunSummary
 from millstream.state import decode_int64
@@ -319,6 +320,7 @@ class Pipeline:
         store_options: Query string of the store URL (e.g. ``synchronous=normal``).
         flock_writers: Run the :func:`serialize_sqlite_writers` what-if experiment in
             every worker (the producer's plan has its own flag).
+        delivery: The processor's delivery mode.
     """
 
     run_dir: Path
@@ -328,6 +330,7 @@ class Pipeline:
     keys: int = 100_000
     store_options: str = ""
     flock_writers: bool = False
+    delivery: Delivery = "exactly_once"
     runner: LocalRunner | None = None
     started_at: float = 0.0
     _thread: threading.Thread | None = None
@@ -354,6 +357,7 @@ class Pipeline:
             name=PROCESSOR_NAME,
             config={"collector": self.collector.address, "flock_writers": self.flock_writers},
             tuning=self.tuning,
+            delivery=self.delivery,
         )
         start_fork_server(self.processor)
         self._store = self.processor.open_store()

@@ -85,6 +85,11 @@ class WindowLostRowsError(SplitBrainError):
     """
 
 
+class MapperSupersededError(SplitBrainError):
+    """At-least-once: a newer instance of the mapper took over its numbering; this one stops
+    (its rows can no longer be committed, and the newer one reads them again)."""
+
+
 class StaleMapperError(MillstreamError):
     """A GetRows request named a mapper GUID that is not the serving mapper's."""
 
@@ -132,6 +137,7 @@ __all__ = [
     "DuplicateSequenceError",
     "InputError",
     "KeyTooLargeError",
+    "MapperSupersededError",
     "MemoryLimitError",
     "MillstreamError",
     "RetryableStoreError",

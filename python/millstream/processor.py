@@ -5,13 +5,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from millstream.api import Mapper, Reducer, Tuning, WorkerSpec
 from millstream.exceptions import ConfigurationError
 from millstream.inputs.base import Input
 from millstream.ledger import ProcessorInfo
 from millstream.state import Store, open_store, parse_store_url
+
+Delivery = Literal["exactly_once", "at_least_once"]
+"""How often a row's effect is applied: exactly once (the default), or at least once."""
+
+DELIVERIES: tuple[Delivery, ...] = ("exactly_once", "at_least_once")
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,13 @@ class Processor:
         name: The processor's name; its state lives under this store prefix.
         config: User configuration handed to the mapper and reducer.
         tuning: Worker knobs; see :class:`~millstream.Tuning`.
+        delivery: ``"exactly_once"`` (the default): every row's effect is applied once,
+            whatever fails. ``"at_least_once"``: mappers record no batch boundaries (one
+            store write per mapped batch less, for lower latency), so after a mapper
+            instance ends (crash, restart, or a newer instance taking over) the rows it read
+            since its last persisted state are read again and applied again by the reducers
+            that had committed them. Nothing is lost in either mode; a processor keeps its
+            mode for ever. See the README, "Delivery: exactly once or at least once".
     """
 
     mapper: type[Mapper]
@@ -38,6 +50,7 @@ class Processor:
     name: str = "millstream"
     config: Mapping[str, Any] = field(default_factory=dict)
     tuning: Tuning = field(default_factory=Tuning)
+    delivery: Delivery = "exactly_once"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -69,6 +82,10 @@ class Processor:
                 f"millstream.inputs.ParquetLog; got {self.input!r}"
             )
         parse_store_url(self.store)
+        if self.delivery not in DELIVERIES:
+            raise ConfigurationError(
+                f"delivery must be one of {', '.join(map(repr, DELIVERIES))}, got {self.delivery!r}"
+            )
         if self.num_mappers < 1:
             raise ConfigurationError("the input has no partitions, so there is no mapper to run")
         t = self.tuning
@@ -127,7 +144,12 @@ class Processor:
         job.py:processor`` and ``pkg.job`` when imported from a package.
         """
         fingerprint = f"{self.mapper.__qualname__}->{self.reducer.__qualname__}"
-        return ProcessorInfo(self.num_mappers, self.num_reducers, fingerprint)
+        return ProcessorInfo(self.num_mappers, self.num_reducers, fingerprint, self.delivery)
+
+    @property
+    def at_least_once(self) -> bool:
+        """Whether the processor runs in the at-least-once mode."""
+        return self.delivery == "at_least_once"
 
     @property
     def guid(self) -> str:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from millstream.ledger import OUTPUT
+from millstream.processor import Delivery
 from millstream.state import decode_int64
 
 KEYS = 1_000
@@ -34,10 +35,13 @@ def write_keyed_input(
     file_rows: int = 10_000,
     seed: int = 3,
     poison_row: tuple[int, int] | None = None,
+    unique_values: bool = False,
 ) -> Path:
     """Parquet files of ``(key int64, value int64)`` under ``root/partition=p/``.
 
-    ``poison_row=(partition, row)`` gives that row the key :data:`POISON_KEY`.
+    ``poison_row=(partition, row)`` gives that row the key :data:`POISON_KEY`;
+    ``unique_values``: every row's ``value`` is its own (0, 1, 2, ... over all partitions),
+    so that a row's effect can be told from every other's.
     """
     rng = np.random.default_rng(seed)
     per_partition = rows // partitions
@@ -46,6 +50,8 @@ def write_keyed_input(
         part.mkdir(parents=True, exist_ok=True)
         keys = rng.integers(0, KEYS, per_partition, dtype=np.int64)
         values = rng.integers(-1000, 1000, per_partition, dtype=np.int64)
+        if unique_values:
+            values = np.arange(p * per_partition, (p + 1) * per_partition, dtype=np.int64)
         if poison_row is not None and poison_row[0] == p:
             keys[poison_row[1]] = POISON_KEY
         for f, start in enumerate(range(0, per_partition, file_rows)):
@@ -148,6 +154,29 @@ class RowsReducer(ms.Reducer):
         )
 
 
+class ValuesByKeyMapper(ms.Mapper):
+    """Combines a batch into one row per key holding the list of its ``value``s: a map whose
+    shuffled rows depend on where batches are cut."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        lists = (
+            pa.Table.from_batches([batch])
+            .group_by("key", use_threads=False)
+            .aggregate([("value", "list")])
+            .rename_columns(["key", "values"])
+        )
+        return ms.Partitioned.by_hash(lists, key="key", num_reducers=self.spec.num_reducers)
+
+
+class SeenValuesReducer(ms.Reducer):
+    """Counts every ``value`` it receives under ``("seen", value)``: with unique values,
+    a row applied twice counts 2 and a lost row is missing."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        counts = pc.value_counts(pc.list_flatten(batch.column("values")))
+        txn.add_many(("seen",), counts.field("values"), pc.cast(counts.field("counts"), pa.int64()))
+
+
 class PassThroughMapper(ms.Mapper):
     """Sends every row as it is (no pre-aggregation) to the reducer chosen by its key."""
 
@@ -181,6 +210,7 @@ def keyed_processor(
     mapper: type[ms.Mapper] = KeyedSumMapper,
     reducer: type[ms.Reducer] = KeyedSumReducer,
     name: str = "keyed",
+    delivery: Delivery = "exactly_once",
 ) -> ms.Processor:
     """A processor over a ParquetLog directory with an SQLite store at ``state``."""
     return ms.Processor(
@@ -192,4 +222,5 @@ def keyed_processor(
         name=name,
         config=config or {},
         tuning=tune,
+        delivery=delivery,
     )

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import random
-import signal
-import threading
 from pathlib import Path
 
 import millstream as ms
 import pytest
+from chaos import RandomKiller
 from jobs import (
     expected_sums,
     expected_word_counts,
@@ -18,7 +15,6 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
-from millstream.runner.forkserver import fork_server_pid
 from millstream.runner.local import LocalRunner
 
 from examples import word_count
@@ -41,26 +37,6 @@ def test_keyed_sum_is_exact(tmp_path: Path) -> None:
     assert summary.restarts == 0
 
 
-def _started_by(runner: LocalRunner) -> dict[str, int]:
-    """Every live process the runner started: its workers and its fork server."""
-    pids = {
-        f"{role}-{index}-{instance}": pid for (role, index, instance), pid in runner.pids().items()
-    }
-    server = fork_server_pid()
-    if server is not None and _running(server):
-        pids["fork-server"] = server
-    return pids
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a killed fork server stays one until the runner reaps it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [20240611, 1, 2, 3, 4, 5])
 def test_kill_9_random_processes_many_times(tmp_path: Path, seed: int) -> None:
@@ -77,35 +53,10 @@ def test_kill_9_random_processes_many_times(tmp_path: Path, seed: int) -> None:
     )
     processor = keyed_processor(data, tmp_path / "state.db", num_reducers=2, tune=tune)
     runner = LocalRunner(processor)
-    rng = random.Random(seed)
-    kills: list[str] = []
-    done = threading.Event()
-
-    def killer() -> None:
-        while not done.is_set() and len(kills) < 25:
-            done.wait(rng.uniform(0.05, 0.5))
-            pids = _started_by(runner)
-            # The fork server one time in five, while workers run: killing it kills every
-            # worker with it.
-            workers = sorted(who for who in pids if who != "fork-server")
-            if not workers:
-                continue
-            who = "fork-server" if "fork-server" in pids and rng.random() < 0.2 else None
-            who = who or rng.choice(workers)
-            try:
-                os.kill(pids[who], signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            kills.append(who)
-
     runner.start()
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
-    try:
+    with RandomKiller(runner, seed) as killer:
         summary = runner.wait(timeout=300)
-    finally:
-        done.set()
-        thread.join()
+    kills = killer.kills
     assert kills, "the killer never found a live process"
     assert summary.restarts > 0
     assert read_output(processor, "sum") == expected_sums(data)

@@ -53,6 +53,7 @@ from millstream.exceptions import (
     CommittedIndexError,
     CommitUnknownResultError,
     InputError,
+    MapperSupersededError,
     MillstreamError,
     RetryableStoreError,
     SplitBrainError,
@@ -826,6 +827,11 @@ class Oracle:
         }
 
 
+def effects_of_rows(m: int, end: int) -> list[tuple[int, int, int]]:
+    """Every effect of mapper ``m``'s input rows below ``end`` (any batch cuts)."""
+    return [(m, row, copy) for row in range(end) for copy in range(fanout(m, row))]
+
+
 # -- the simulation ----------------------------------------------------------------------
 
 CRASH_ERRORS = (InputError, ConnectionError)
@@ -846,6 +852,11 @@ class SimConfig:
     preaggregate: bool = False
     acknowledge_commits: bool = True
     memory_limit_bytes: int = 4096
+    delivery: str = "exactly_once"
+
+    @property
+    def at_least_once(self) -> bool:
+        return self.delivery == "at_least_once"
 
 
 class Simulation:
@@ -874,6 +885,7 @@ class Simulation:
                 get_rows_max_bytes=1 << 20,
                 acknowledge_commits=config.acknowledge_commits,
             ),
+            delivery=config.delivery,  # type: ignore[arg-type]
         )
         self.M, self.R = len(totals), config.num_reducers
         self.clock = ManualClock(SIM_START, SIM_WALL_OFFSET)
@@ -1031,7 +1043,23 @@ class Simulation:
                 self.note(f"{who}: ingestion starts at {w.window.local_state()[:2]}")
             result = step()
             self.note(f"{who}: {result}")
+        except MapperSupersededError:
+            # At least once: a newer instance took over; this one's loop returns.
+            self.events["mapper_superseded"] += 1
+            self.note(f"{who}: superseded")
+            self._kill(inst)
+            if not self.mappers[w.index]:
+                # The instance that took over died meanwhile: the runner restarts it.
+                self.start_mapper(w.index)
         except SplitBrainError:
+            if self.config.at_least_once:
+                # At least once the worker dies and the runner starts a new instance.
+                self.events["mapper_split_brain_restart"] += 1
+                self.note(f"{who}: split brain, the worker dies")
+                self._kill(inst)
+                if not self.mappers[w.index]:
+                    self.start_mapper(w.index, inst.address)
+                return result
             # The loop waits, drops the window and restarts ingestion (thesis 4.3.3 step 3).
             self.events["mapper_split_brain"] += 1
             self.note(f"{who}: split brain")
@@ -1501,6 +1529,9 @@ class Simulation:
     def check(self) -> None:
         """Every safety invariant; raises AssertionError with what broke."""
         assert not self.false_claims, f"false commit claims: {self.false_claims[:3]}"
+        if self.config.at_least_once:
+            self.check_at_least_once()
+            return
         states, mstates, effects = self.read_store()
         twice = {k: v for k, v in effects.items() if v != 1}
         assert not twice, f"effects applied other than once: {sorted(twice.items())[:10]}"
@@ -1548,6 +1579,62 @@ class Simulation:
                 self._check_window(m, inst, states)
         if self.producer is not None:
             self.producer.check()
+
+    def check_at_least_once(self) -> None:
+        """The at-least-once invariants: nothing lost, whatever repeats.
+
+        A mapper's persisted state and its input's trim point never pass an input row
+        whose effects are not all committed (at least once), committed indices never go
+        backwards, and every window keeps its accounting.
+        """
+        states, mstates, effects = self.read_store()
+        for r, committed in enumerate(states):
+            for m, c in enumerate(committed):
+                assert c >= self.max_committed[r][m], (
+                    f"reducer {r}'s committed index for mapper {m} went back from "
+                    f"{self.max_committed[r][m]} to {c}"
+                )
+                self.max_committed[r][m] = c
+        assert all(v >= 1 for v in effects.values()), "an effect counted below once"
+        for m, ps in enumerate(mstates):
+            i = ps.input_unread_row_index
+            missing = [e for e in effects_of_rows(m, i) if e not in effects]
+            assert not missing, (
+                f"mapper {m}'s persisted state {ps} passed rows whose effect is not "
+                f"committed: {missing[:10]}"
+            )
+            t = self.partitions[m].trimmed
+            assert t <= i, f"partition {m} trimmed to {t} past its persisted state {ps}"
+        for insts in self.mappers:
+            for inst in insts:
+                w = inst.worker.window
+                if w is not None:
+                    self._check_window_accounting(inst, w)
+        if self.producer is not None:
+            self.producer.check()
+
+    def _check_window_accounting(self, inst: MapperInstance, w: Any) -> None:
+        """What a window counts is what its entries hold (any delivery mode)."""
+        snap = w.snapshot()
+        who = f"mapper {inst.worker.index} instance {inst.worker.guid}"
+        _, shuffle_unread, _ = w.local_state()
+        assert snap.buffered_rows <= snap.shuffle_end_row_index - shuffle_unread, (
+            f"{who}: buffered_rows {snap.buffered_rows} but the window spans shuffle rows "
+            f"[{shuffle_unread}, {snap.shuffle_end_row_index})"
+        )
+        pending_total = sum(w.bucket_len(r) for r in range(self.R))
+        assert pending_total <= snap.buffered_rows, (
+            f"{who}: buckets hold {pending_total} rows but the window {snap.buffered_rows}"
+        )
+        counts = w.bucket_pointer_counts()
+        nonempty = sum(1 for r in range(self.R) if w.bucket_len(r))
+        assert sum(counts) == nonempty, (
+            f"{who}: bucket pointer counts {counts} but {nonempty} non-empty buckets"
+        )
+        for r in range(self.R):
+            pending = w.pending_shuffle_indices(r)
+            assert len(pending) == w.bucket_len(r), f"{who}: bucket {r} length mismatch"
+            assert all(a < b for a, b in itertools.pairwise(pending))
 
     def _check_window(self, m: int, inst: MapperInstance, states: list[tuple[int, ...]]) -> None:
         w = inst.worker.window
@@ -1688,7 +1775,13 @@ class Simulation:
         _, mstates, effects = self.read_store()
         missing = everything - set(effects)
         assert not missing, f"after draining, effects never applied: {sorted(missing)[:10]}"
-        assert all(v == 1 for v in effects.values())
+        if self.config.at_least_once:
+            repeated = sum(v - 1 for v in effects.values())
+            if repeated:
+                self.events["at_least_once_repeats"] += 1
+            self.note(f"effects applied more than once: {repeated}")
+        else:
+            assert all(v == 1 for v in effects.values())
         for m in range(self.M):
             for inst in self.mappers[m]:
                 worker = inst.worker

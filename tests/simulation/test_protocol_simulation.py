@@ -69,6 +69,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     """Rules are protocol steps and faults; invariants run after every step."""
 
     sim: Simulation
+    DELIVERY = "exactly_once"
 
     def __init__(self) -> None:
         super().__init__()
@@ -97,6 +98,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 commit_max_rows,
                 preaggregate=preaggregate,
                 acknowledge_commits=acknowledge_commits,
+                delivery=self.DELIVERY,
             )
         )
 
@@ -263,6 +265,20 @@ class ProtocolMachine(RuleBasedStateMachine):
 
 ProtocolMachine.TestCase.settings = SETTINGS
 TestProtocol = ProtocolMachine.TestCase
+
+
+class AtLeastOnceMachine(ProtocolMachine):
+    """The same steps and faults with ``delivery="at_least_once"``: nothing may be lost
+    (every row's effect committed before its mapper's state or input trim passes it, and
+    everything once drained), while effects may repeat."""
+
+    DELIVERY = "at_least_once"
+
+
+AtLeastOnceMachine.TestCase.settings = settings(
+    SETTINGS, max_examples=SETTINGS.max_examples // 4 if PROFILE == "ci" else SETTINGS.max_examples
+)
+TestAtLeastOnce = AtLeastOnceMachine.TestCase
 
 
 def test_profile_is_known() -> None:

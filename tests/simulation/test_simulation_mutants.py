@@ -24,15 +24,21 @@ from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import (
     ReducerState,
     plan_key,
+    read_mapper_state,
     read_reducer_state,
     reducer_state_key,
+    write_numbering,
     write_reducer_state,
 )
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers import reducer as reducer_module
 
-from tests.simulation.test_protocol_simulation import PROFILE, ProtocolMachine
+from tests.simulation.test_protocol_simulation import (
+    PROFILE,
+    AtLeastOnceMachine,
+    ProtocolMachine,
+)
 
 MUTANT_SETTINGS = settings(
     max_examples=1000 if PROFILE == "ci" else 4000,
@@ -58,6 +64,7 @@ def _state_then_writes(
     batch: pa.RecordBatch,
     ranges: list[str],
     payloads: list[bytes],
+    served_by: dict[int, str],
 ) -> bool:
     """Mutant (a): commit the reducer state first, then the user's writes separately."""
     txn = self.store.create_transaction()
@@ -317,13 +324,42 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
 }
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
-def test_simulation_catches_mutant(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    cls, name, replacement = MUTANTS[mutant]
+def _keep_numbering(self: MapperWorker, txn: StoreTransaction) -> Any:
+    """At-least-once mutant (n): a new instance takes the numbering but numbers its rows
+    from the persisted state, below what reducers committed from the instance before."""
+    state = read_mapper_state(txn, self.index)
+    write_numbering(txn, self.index, self.guid)
+    return state
+
+
+def commit_without_numbering_check(
+    self: ReducerWorker, state: Any, new: Any, batch: Any, ranges: Any, payloads: Any, _: Any
+) -> bool:
+    """At-least-once mutant (o): the reducer commits rows whatever instance served them
+    (caught by a targeted replay in ``test_at_least_once_races.py``)."""
+    return _real_reduce_and_commit(  # type: ignore[no-any-return]
+        self, state, new, batch, ranges, payloads, {}
+    )
+
+
+AT_LEAST_ONCE_MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
+    "mapper_numbers_from_persisted_state": (MapperWorker, "_take_numbering", _keep_numbering),
+}
+
+
+@pytest.mark.parametrize(
+    ("mutant", "machine"),
+    [(name, ProtocolMachine) for name in sorted(MUTANTS)]
+    + [(name, AtLeastOnceMachine) for name in sorted(AT_LEAST_ONCE_MUTANTS)],
+)
+def test_simulation_catches_mutant(
+    mutant: str, machine: type[ProtocolMachine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cls, name, replacement = {**MUTANTS, **AT_LEAST_ONCE_MUTANTS}[mutant]
     monkeypatch.setattr(cls, name, replacement)
     # Shrinking may tell several distinct failures apart: they come as an ExceptionGroup.
     with pytest.raises((AssertionError, ExceptionGroup)) as caught:
-        run_state_machine_as_test(ProtocolMachine, settings=MUTANT_SETTINGS)
+        run_state_machine_as_test(machine, settings=MUTANT_SETTINGS)
     failures = (
         list(caught.value.exceptions)
         if isinstance(caught.value, ExceptionGroup)

@@ -5,7 +5,8 @@ lives here. Workers, runners, the CLI and Spark read and write the protocol's re
 through these modules, never through each other:
 
 - :mod:`.subspaces`: where records live (``SYSTEM``, ``OUTPUT``, ``QUEUES``);
-- :mod:`.mapper`: a mapper's persisted state, batch plans, drained marker, totals;
+- :mod:`.mapper`: a mapper's persisted state, batch plans, numbering owner, drained
+  marker, totals;
 - :mod:`.reducer`: a reducer's committed row indices and totals;
 - :mod:`.discovery`: live workers' entries and their published metrics;
 - :mod:`.processor`: the processor's counts, the runner's checks and the run totals;
@@ -28,9 +29,12 @@ from millstream.ledger.mapper import (
     drained_key,
     mapped_key,
     mapper_state_key,
+    numbering_key,
     plan_key,
     read_mapper_state,
+    read_numbering,
     write_mapper_state,
+    write_numbering,
 )
 from millstream.ledger.processor import (
     ProcessorInfo,
@@ -68,9 +72,11 @@ __all__ = [
     "list_workers",
     "mapped_key",
     "mapper_state_key",
+    "numbering_key",
     "plan_key",
     "prepare_store",
     "read_mapper_state",
+    "read_numbering",
     "read_processor_info",
     "read_reducer_state",
     "read_status",
@@ -82,6 +88,7 @@ __all__ = [
     "summarize",
     "unregister_worker",
     "write_mapper_state",
+    "write_numbering",
     "write_processor_info",
     "write_reducer_state",
     "write_worker_status",

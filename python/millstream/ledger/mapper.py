@@ -1,5 +1,5 @@
-"""A mapper's records: its persisted state, batch plans, drained marker and totals
-(thesis 4.3.2)."""
+"""A mapper's records: its persisted state, batch plans, numbering owner, drained marker
+and totals (thesis 4.3.2)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,32 @@ def drained_key(mapper_index: int) -> tuple[str, str, int]:
 def plan_key(mapper_index: int, begin_row_index: int) -> tuple[str, str, int, int]:
     """Key of the recorded end of mapper ``mapper_index``'s batch starting at an input row."""
     return (*SYSTEM, "plan", mapper_index, begin_row_index)
+
+
+def numbering_key(mapper_index: int) -> tuple[str, str, int]:
+    """Key naming the mapper instance whose shuffle numbering counts (at-least-once only).
+
+    Without batch-boundary records, two instances of a mapper may cut its input into
+    different batches and so number the same shuffle indices differently; only the rows of
+    the instance named here may be committed.
+    """
+    return (*SYSTEM, "numbering", mapper_index)
+
+
+def read_numbering(txn: StoreTransaction, mapper_index: int) -> str | None:
+    """The GUID of the instance whose numbering counts for ``mapper_index`` (None: none yet)."""
+    raw = txn.get(numbering_key(mapper_index))
+    if raw is None:
+        return None
+    try:
+        return str(unpack(raw)[0])
+    except Exception as exc:
+        raise bad_record(f"numbering of mapper {mapper_index}", raw, exc) from exc
+
+
+def write_numbering(txn: StoreTransaction, mapper_index: int, guid: str) -> None:
+    """Make instance ``guid``'s numbering the one that counts for ``mapper_index``."""
+    txn.set(numbering_key(mapper_index), pack((guid,)))
 
 
 def mapped_key(mapper_index: int, what: str) -> tuple[str, str, int, str]:

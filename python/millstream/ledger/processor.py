@@ -23,11 +23,14 @@ class ProcessorInfo:
         num_reducers: Number of reducers.
         fingerprint: Anything else that must not change between runs (e.g. a hash of the
             mapper and reducer class names); free-form.
+        delivery: ``"exactly_once"`` or ``"at_least_once"`` (the mappers of the two modes
+            keep different records, so a processor keeps its mode).
     """
 
     num_mappers: int
     num_reducers: int
     fingerprint: str = ""
+    delivery: str = "exactly_once"
 
 
 _PROCESSOR_KEY = (*SYSTEM, "processor")
@@ -52,7 +55,11 @@ def read_processor_info(txn: StoreTransaction) -> ProcessorInfo | None:
 def _same_classes(stored: ProcessorInfo, info: ProcessorInfo) -> bool:
     """Whether a fingerprint of earlier releases (classes with their module, such as
     ``jobs.Sum->jobs.Store``) names the classes of ``info`` (``Sum->Store``)."""
-    if (stored.num_mappers, stored.num_reducers) != (info.num_mappers, info.num_reducers):
+    if (stored.num_mappers, stored.num_reducers, stored.delivery) != (
+        info.num_mappers,
+        info.num_reducers,
+        info.delivery,
+    ):
         return False
     old, new = stored.fingerprint.split("->"), info.fingerprint.split("->")
     return len(old) == len(new) == 2 and all(
@@ -73,9 +80,10 @@ def check_processor_info(txn: StoreTransaction, info: ProcessorInfo) -> None:
     if stored != info and not _same_classes(stored, info):
         raise ConfigurationError(
             f"this store prefix holds a processor with {stored.num_mappers} mappers, "
-            f"{stored.num_reducers} reducers and fingerprint {stored.fingerprint!r}, but it "
-            f"was started with {info.num_mappers} mappers, {info.num_reducers} reducers and "
-            f"fingerprint {info.fingerprint!r}. Restart it with the original configuration, "
+            f"{stored.num_reducers} reducers, fingerprint {stored.fingerprint!r} and "
+            f"delivery {stored.delivery!r}, but it was started with {info.num_mappers} "
+            f"mappers, {info.num_reducers} reducers, fingerprint {info.fingerprint!r} and "
+            f"delivery {info.delivery!r}. Restart it with the original configuration, "
             "or use a new store prefix (or file) for the new one."
         )
 

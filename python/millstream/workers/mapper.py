@@ -22,6 +22,7 @@ from millstream.exceptions import (
     CommitUnknownResultError,
     ConfigurationError,
     InputError,
+    MapperSupersededError,
     MemoryLimitError,
     MillstreamError,
     RetryableStoreError,
@@ -38,7 +39,10 @@ from millstream.ledger import (
     mapped_key,
     plan_key,
     read_mapper_state,
+    read_numbering,
+    read_reducer_state,
     write_mapper_state,
+    write_numbering,
 )
 from millstream.rpc.calls import max_payload_bytes
 from millstream.state import Store, StoreTransaction, pack, unpack
@@ -106,9 +110,16 @@ class MapperWorker:
     # -- ingestion (thesis 4.3.3) -------------------------------------------------------
 
     def start_ingestion(self) -> None:
-        """Load the persisted state and start a fresh window from it (step 0 of 4.3.3)."""
-        with self.store.read() as txn:
-            self.persisted = read_mapper_state(txn, self.index)
+        """Load the persisted state and start a fresh window from it (step 0 of 4.3.3).
+
+        At least once, the instance first takes over the mapper's numbering
+        (:meth:`_take_numbering`).
+        """
+        if self.processor.at_least_once:
+            self.persisted = self.store.transact(self._take_numbering)
+        else:
+            with self.store.read() as txn:
+                self.persisted = read_mapper_state(txn, self.index)
         old = self.window
         self.window = _core.Window(
             self.processor.num_reducers,
@@ -128,13 +139,56 @@ class MapperWorker:
         self._batches_unpersisted = 0
         self._input_trimmed_to = None
 
+    def _take_numbering(self, txn: StoreTransaction) -> MapperState:
+        """At least once: make this instance's numbering the one reducers commit from.
+
+        No batch boundaries are recorded, so this instance may cut the input after the
+        persisted state differently from the one before, and its shuffle indices would
+        name other rows. It therefore numbers its rows above every reducer's committed
+        index (each reducer then receives every row after the persisted state: some of
+        them again, none lost), and names itself in :func:`numbering_key`, which reducers
+        check in the transaction that commits rows: rows an earlier instance served can
+        no longer be committed. Reducer states are read with conflicts, so a reducer's
+        commit and this takeover are ordered one way or the other.
+
+        Returns:
+            The persisted state the window starts from.
+        """
+        state = read_mapper_state(txn, self.index)
+        m = self.processor.num_mappers
+        committed = max(
+            read_reducer_state(txn, r, m).committed_row_indices[self.index]
+            for r in range(self.processor.num_reducers)
+        )
+        write_numbering(txn, self.index, self.guid)
+        if committed < state.shuffle_unread_row_index:
+            return state
+        return write_mapper_state(
+            txn,
+            self.index,
+            MapperState(
+                state.input_unread_row_index,
+                committed + 1,
+                state.continuation_token,
+                state.version,
+            ),
+        )
+
     def _check_persisted(self) -> None:
         """Step 3 of 4.3.3: the persisted state must be the one this instance last saw."""
         with self.store.read() as txn:
             self._verify_persisted(txn)
 
     def _verify_persisted(self, txn: StoreTransaction) -> None:
-        """Raise :class:`SplitBrainError` if ``txn`` sees another persisted state."""
+        """Raise :class:`SplitBrainError` if ``txn`` sees another persisted state (at least
+        once: :class:`MapperSupersededError` if another instance took the numbering)."""
+        if self.processor.at_least_once:
+            owner = read_numbering(txn, self.index)
+            if owner != self.guid:
+                raise MapperSupersededError(
+                    f"mapper {self.index}: instance {owner} took over the numbering of this "
+                    f"mapper's rows from instance {self.guid}, which stops"
+                )
         current = read_mapper_state(txn, self.index)
         if current != self.persisted:
             raise SplitBrainError(
@@ -226,12 +280,17 @@ class MapperWorker:
         check has cleared the records there, and recording a new cut would renumber rows
         that reducers may already have committed.
 
+        At least once nothing is recorded: a new instance renumbers instead
+        (:meth:`_take_numbering`).
+
         Returns:
             ``end``, or the end another instance recorded first.
 
         Raises:
             SplitBrainError: Another instance wrote this mapper's state.
         """
+        if self.processor.at_least_once:
+            return end
         key = plan_key(self.index, begin)
         for _ in range(10):
             txn = self.store.create_transaction()
@@ -511,6 +570,11 @@ class MapperWorker:
         Store errors skip to the next iteration after a back-off (thesis 4.3.3 step 3);
         split brain restarts ingestion from the persisted state after a delay. A ``map``
         that raises stops the worker (``on_user_error="stop"``) or is retried.
+
+        At least once, a split brain ends the worker instead: an instance superseded by a
+        newer one returns (the newer one goes on), and any other split brain is raised, so
+        that the runner starts a new instance (a new GUID: rows served from the old window
+        can then never be committed under the new numbering).
         """
         t = self.tuning
         backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
@@ -519,8 +583,13 @@ class MapperWorker:
                 self.start_ingestion()
                 self._ingest_loop(stop, backoff)
                 return
+            except MapperSupersededError as exc:
+                self._note_error(exc)
+                return
             except SplitBrainError as exc:
                 self._note_error(exc)
+                if self.processor.at_least_once:
+                    raise
                 self.clock.sleep(t.split_brain_delay_seconds, stop)
             except UserCodeError as exc:
                 if t.on_user_error == "stop":

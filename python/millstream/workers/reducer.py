@@ -32,6 +32,7 @@ from millstream.ledger import (
     WorkerInfo,
     drained_key,
     list_workers,
+    read_numbering,
     read_reducer_state,
     reduced_key,
     remove_stale_workers,
@@ -85,6 +86,9 @@ class ReducerWorker:
         self.rows_reduced = 0
         self.bytes_fetched = 0
         self.split_brains = 0
+        self.superseded_fetches = 0
+        """At least once: fetches not committed because their mapper instance was
+        superseded."""
         self.last_state: ReducerState | None = None
         self.all_drained = False
         self.errors = 0
@@ -264,9 +268,15 @@ class ReducerWorker:
         if not payloads:
             return False
         batch = self._decode(payloads, senders)
+        served_by = {call.mapper_index: call.mapper_guid for call in calls}
         try:
             committed = self._reduce_and_commit(
-                state, ReducerState(tuple(new)), batch, ranges, payloads
+                state,
+                ReducerState(tuple(new)),
+                batch,
+                ranges,
+                payloads,
+                {m: served_by[m] for m in senders},
             )
         except (TransactionTooLargeError, TransactionTooOldError) as exc:
             if batch.num_rows <= 1 and isinstance(exc, TransactionTooLargeError):
@@ -377,8 +387,14 @@ class ReducerWorker:
         batch: pa.RecordBatch,
         ranges: list[str],
         payloads: list[bytes],
+        served_by: dict[int, str],
     ) -> bool:
         """Steps 5-8: reduce inside a transaction, re-check the state, write it, commit.
+
+        At least once, the transaction also checks that every mapper instance in
+        ``served_by`` (mapper index: GUID of the instance that served its rows) still owns
+        its mapper's numbering: rows of an instance a newer one took over from may be
+        numbered differently from the newer one's, so they are not committed.
 
         The transaction replays itself into a new one when ``reduce`` runs longer than
         half the store's time limit (:class:`ReplayingTransaction`), so a slow ``reduce``
@@ -403,6 +419,20 @@ class ReducerWorker:
                 self.split_brains += 1
                 txn.reset()
                 return False
+            if self.processor.at_least_once:
+                superseded = {
+                    m: guid for m, guid in served_by.items() if read_numbering(txn, m) != guid
+                }
+                if superseded:
+                    self.superseded_fetches += 1
+                    log.info(
+                        "reducer %d: rows of superseded mapper instances %s are not "
+                        "committed; the instances that took over serve them again",
+                        self.index,
+                        superseded,
+                    )
+                    txn.reset()
+                    return False
             write_reducer_state(txn, self.index, new)
             txn.add(reduced_key(self.index, "rows"), batch.num_rows)
             txn.add(reduced_key(self.index, "bytes"), fetched)
@@ -444,6 +474,7 @@ class ReducerWorker:
             "rows_reduced": self.rows_reduced,
             "bytes_fetched": self.bytes_fetched,
             "split_brains": self.split_brains,
+            "superseded_fetches": self.superseded_fetches,
             "renewals": self.renewals,
             "committed_row_indices": ",".join(map(str, committed)),
             "uptime": self.clock.now() - self.started_at,

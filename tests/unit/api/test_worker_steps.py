@@ -246,6 +246,7 @@ def test_reducer_split_brain_commits_once(cluster: Cluster) -> None:
         pa.record_batch({"key": pa.array([1], pa.int64())}),
         ["test"],
         [b""],
+        {},
     )
     assert twin.split_brains == 1
     cluster.reducers[twin.index] = twin
@@ -454,7 +455,7 @@ def test_on_commit_follows_every_commit_and_only_commits(tmp_path: Path, fail: b
     state, _, _ = reducer._read_view()
     assert twin.run_once()
     assert not reducer._reduce_and_commit(
-        state, state, pa.record_batch({"key": pa.array([1], pa.int64())}), ["test"], [b""]
+        state, state, pa.record_batch({"key": pa.array([1], pa.int64())}), ["test"], [b""], {}
     )
     assert user.committed == []
     c.run_to_end()
