@@ -86,6 +86,18 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Tuning.commit_interval_seconds (library default {d.commit_interval_seconds})",
     )
     parser.add_argument("--batch-rows", type=int, default=d.batch_rows)
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=float,
+        default=d.memory_limit_bytes / 2**20,
+        help="Tuning.memory_limit_bytes, in MiB (per mapper window)",
+    )
+    parser.add_argument(
+        "--spill-after",
+        type=float,
+        default=d.spill_after_seconds,
+        help="Tuning.spill_after_seconds (negative: never spill)",
+    )
     parser.add_argument("--idle-seconds", type=float, default=d.idle_seconds)
     parser.add_argument("--trim-period", type=float, default=d.trim_period_seconds)
     parser.add_argument("--heartbeat", type=float, default=d.heartbeat_seconds)
@@ -119,6 +131,8 @@ def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
     return ms.Tuning(
         commit_interval_seconds=args.commit_interval,
         batch_rows=args.batch_rows,
+        memory_limit_bytes=int(args.memory_limit_mb * 2**20),
+        spill_after_seconds=None if args.spill_after < 0 else args.spill_after,
         idle_seconds=args.idle_seconds,
         trim_period_seconds=args.trim_period,
         heartbeat_seconds=args.heartbeat,

@@ -10,6 +10,7 @@ from typing import Any, final
 import pyarrow as pa
 
 __all__ = [
+    "SHUFFLE_INDEX_COLUMN",
     "CommittedIndexError",
     "MemoryLimitError",
     "MillstreamError",
@@ -27,6 +28,9 @@ __all__ = [
 
 __version__: str
 __build_profile__: str
+
+SHUFFLE_INDEX_COLUMN: str
+"""The column of a spilled chunk that holds each row's shuffle index."""
 
 class MillstreamError(Exception): ...
 class WindowError(MillstreamError): ...
@@ -109,7 +113,23 @@ class Window:
     def close(self) -> None:
         """Wake every waiter; later pushes fail."""
     def bucket_len(self, reducer_index: int) -> int:
-        """Rows buffered for the reducer and not committed by it."""
+        """Rows buffered for the reducer and not committed (or spilled) by it."""
+    def peek_spill(
+        self, stragglers: list[int], target_bytes: int, max_bytes: int, chunk_bytes: int
+    ) -> list[tuple[int, int, int, int, bytes]]:
+        """Straggler spill: the rows to write to the store so that the window holds at most
+        ``target_bytes``, from the front entries that another reducer has moved past and
+        only ``stragglers`` still need, their rows; at most ``max_bytes`` (at least one
+        entry's), changing nothing. One tuple per chunk of at most ``chunk_bytes`` (or one
+        row): ``(reducer_index, first_shuffle_row_index, last_shuffle_row_index,
+        row_count, arrow_ipc)``, the rows with their shuffle indices in the column
+        :data:`SHUFFLE_INDEX_COLUMN`. Empty when nothing qualifies."""
+    def mark_spilled(self, reducer_index: int, through: int) -> bool:
+        """Let go of the reducer's rows up to shuffle index ``through``, written to the
+        store: they leave the bucket (the committed index stays) and are never buffered
+        again; returns whether entries were trimmed."""
+    def spilled_row_index(self, reducer_index: int) -> int:
+        """The highest shuffle index spilled for the reducer (-1: none)."""
     def pending_shuffle_indices(self, reducer_index: int) -> list[int]:
         """Shuffle indices of the reducer's pending rows, in order (tests, debugging)."""
     def bucket_pointer_counts(self) -> list[int]:

@@ -92,6 +92,14 @@ class Tuning:
             transactions, rewriting each touched key once per transaction instead of once
             per small commit, as a micro-batch engine does when it falls behind. A reducer
             whose mappers keep up commits on the usual cadence. 0: never gather.
+        spill_after_seconds: Straggler spill: a reducer that has not called GetRows for
+            this long (down, hung, cut off) is a straggler; while its window is full, a
+            mapper writes to the store the rows it holds only for stragglers (from its
+            oldest entries that another reducer has moved past), so that it reads on and
+            the other reducers keep committing; a straggler reads those rows from the store
+            when it returns (thesis section 6). Longer than a reducer's longest quiet spell
+            in normal work (a held GetRows, ``gather_seconds``; a commit). None: never
+            spill (a full window holds the mapper until every reducer commits).
         split_brain_delay_seconds: Wait before a mapper restarts ingestion after it saw
             another instance write its state.
         grpc_max_message_bytes: gRPC send/receive limit on both sides.
@@ -147,6 +155,7 @@ class Tuning:
     get_rows_poll_seconds: float = 1.0
     get_rows_wait_seconds: float = 0.1
     gather_seconds: float = 2.0
+    spill_after_seconds: float | None = 10.0
     split_brain_delay_seconds: float = 0.5
     grpc_max_message_bytes: int = 64 * 1024 * 1024
     advertise_host: str | None = None

@@ -49,6 +49,8 @@ from typing import Any
 
 import millstream as ms
 import pyarrow as pa
+import pyarrow.ipc
+from millstream._core import SHUFFLE_INDEX_COLUMN
 from millstream.exceptions import (
     CommittedIndexError,
     CommitUnknownResultError,
@@ -74,6 +76,7 @@ from millstream.ledger import (
     register_worker,
     unregister_worker,
 )
+from millstream.ledger.subspaces import SYSTEM
 from millstream.processor import Processor
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
 from millstream.state import Store, open_store, pack
@@ -1087,6 +1090,11 @@ class Simulation:
             self.mappers[m].remove(inst)
         if self.bound.get(inst.address) is inst:
             del self.bound[inst.address]
+            # A nested restart may have started another instance on the same address
+            # while this one still ran; once this one is gone, the port is that one's.
+            alive = [i for insts in self.mappers for i in insts if i.address == inst.address]
+            if alive:
+                self.bound[inst.address] = alive[-1]
         self.note(f"kill m{m}@{inst.worker.guid}")
 
     def ingest_instance(self, inst: MapperInstance) -> bool:
@@ -1110,6 +1118,51 @@ class Simulation:
         inst = self._mapper(m, k)
         if inst is not None:
             self.trim_instance(inst)
+
+    def spill(self, m: int, k: int) -> None:
+        """Instance ``k`` of mapper ``m`` spills the rows of its oldest entries that some
+        reducer has moved past, for the reducers still waiting for them."""
+        inst = self._mapper(m, k)
+        if inst is None:
+            return
+        # Every reducer counts as a straggler and every qualifying row goes: whoever the
+        # mapper deems one, the rows it spills must reach their reducer exactly once.
+        spill = inst.worker.spill_stragglers
+        if self._mapper_step(inst, "spill", lambda: spill(range(self.R), 0)):
+            self.events["mapper_spilled"] += 1
+
+    def spilled_rows(self) -> dict[tuple[int, int], dict[int, tuple[int, ...]]]:
+        """Every spilled row in the store: (reducer, mapper) -> shuffle index -> the mapped
+        rows it carries (as item codes)."""
+        out: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
+        txn = self.raw.create_transaction()
+        try:
+            chunks = txn.get_range_startswith((*SYSTEM, "spill"))
+        finally:
+            txn.reset()
+        for key, value in chunks:
+            r, m = int(key[-3]), int(key[-2])
+            table = pa.ipc.open_stream(value).read_all()
+            rows = out.setdefault((r, m), {})
+            for index, items in zip(
+                table.column(SHUFFLE_INDEX_COLUMN).to_pylist(),
+                table.column("items").to_pylist(),
+                strict=True,
+            ):
+                assert rows.setdefault(index, tuple(items)) == tuple(items), (
+                    f"spilled shuffle row {index} of mapper {m} for reducer {r} holds "
+                    "different rows in two chunks"
+                )
+        return out
+
+    def spilled_effects(self) -> set[tuple[int, int, int]]:
+        """The effects of every spilled row (durable in the store, not yet committed)."""
+        return {
+            (m, code // COPIES, code % COPIES)
+            for (_, m), rows in self.spilled_rows().items()
+            for items in rows.values()
+            for code in items
+        }
 
     def reduce(
         self,
@@ -1487,6 +1540,8 @@ class Simulation:
             self.address_reuse(args[0] % self.M, args[1], args[2] % self.R)
         elif kind == "time_passes":
             self.time_passes(args[0])
+        elif kind == "spill":
+            self.spill(args[0] % self.M, args[1])
         else:
             raise ValueError(f"unknown action {action!r}")
 
@@ -1556,6 +1611,16 @@ class Simulation:
             f"{sorted(want - have)[:10]}, unexpected {sorted(have - want)[:10]}"
             + (f"; batches cut again differently: {oracle.recuts[:3]}" if oracle.recuts else "")
         )
+        spilled = self.spilled_rows()
+        for (r, m), rows in spilled.items():
+            for index, items in rows.items():
+                row = (r, tuple((code // COPIES, code % COPIES) for code in items))
+                known = oracle.outputs[m][index] if index < len(oracle.outputs[m]) else None
+                assert known == row, (
+                    f"spilled shuffle row {index} of mapper {m} for reducer {r} is {row}, "
+                    f"not the row mapped there ({known})"
+                )
+        parked = self.spilled_effects()
         for m, ps in enumerate(mstates):
             starts = oracle.shuffle_at[m]
             i = ps.input_unread_row_index
@@ -1564,7 +1629,9 @@ class Simulation:
                 f"mapper {m} persisted state {ps} pairs input {i} with the wrong shuffle "
                 f"index (want {starts[i]})"
             )
-            missing = [e for e in oracle.effects_before(m, starts[i]) if e not in have]
+            missing = [
+                e for e in oracle.effects_before(m, starts[i]) if e not in have and e not in parked
+            ]
             assert not missing, (
                 f"mapper {m}'s persisted state {ps} passed rows whose effect is not "
                 f"committed: {missing[:10]}"
@@ -1572,11 +1639,13 @@ class Simulation:
             t = self.partitions[m].trimmed
             assert t <= i, f"partition {m} trimmed to {t} past its persisted state {ps}"
             assert t in starts, f"partition {m} trimmed to {t}, not a batch boundary"
-            early = [e for e in oracle.effects_before(m, starts[t]) if e not in have]
+            early = [
+                e for e in oracle.effects_before(m, starts[t]) if e not in have and e not in parked
+            ]
             assert not early, f"partition {m} trimmed to {t} before effects {early[:10]}"
         for m, insts in enumerate(self.mappers):
             for inst in insts:
-                self._check_window(m, inst, states)
+                self._check_window(m, inst, states, spilled)
         if self.producer is not None:
             self.producer.check()
 
@@ -1596,9 +1665,10 @@ class Simulation:
                 )
                 self.max_committed[r][m] = c
         assert all(v >= 1 for v in effects.values()), "an effect counted below once"
+        parked = self.spilled_effects()
         for m, ps in enumerate(mstates):
             i = ps.input_unread_row_index
-            missing = [e for e in effects_of_rows(m, i) if e not in effects]
+            missing = [e for e in effects_of_rows(m, i) if e not in effects and e not in parked]
             assert not missing, (
                 f"mapper {m}'s persisted state {ps} passed rows whose effect is not "
                 f"committed: {missing[:10]}"
@@ -1636,7 +1706,13 @@ class Simulation:
             assert len(pending) == w.bucket_len(r), f"{who}: bucket {r} length mismatch"
             assert all(a < b for a, b in itertools.pairwise(pending))
 
-    def _check_window(self, m: int, inst: MapperInstance, states: list[tuple[int, ...]]) -> None:
+    def _check_window(
+        self,
+        m: int,
+        inst: MapperInstance,
+        states: list[tuple[int, ...]],
+        spilled: dict[tuple[int, int], dict[int, tuple[int, ...]]],
+    ) -> None:
         w = inst.worker.window
         if w is None:
             return
@@ -1705,10 +1781,11 @@ class Simulation:
                     f"{who}: bucket {r} holds shuffle row {s} that is not reducer {r}'s"
                 )
             committed = states[r][m]
+            in_store = spilled.get((r, m), {})
             lost = [
                 s
                 for s in range(max(inst.started_shuffle, committed + 1), min(end, len(outs)))
-                if outs[s][0] == r and s not in pending
+                if outs[s][0] == r and s not in pending and s not in in_store
             ]
             assert not lost or inst.forged, (
                 f"{who}: bucket {r} lost uncommitted shuffle rows {lost[:10]} "

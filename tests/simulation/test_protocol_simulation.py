@@ -54,6 +54,7 @@ instance = st.integers(0, 1)
 nested_action = st.one_of(
     st.tuples(st.just("ingest"), mapper_index, instance),
     st.tuples(st.just("trim"), mapper_index, instance),
+    st.tuples(st.just("spill"), mapper_index, instance),
     st.tuples(st.just("reduce"), reducer_index, instance),
     st.tuples(st.just("restart_mapper"), mapper_index, instance),
     st.tuples(st.just("crash_mapper"), mapper_index, instance),
@@ -116,6 +117,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(m=mapper_index, k=instance)
     def trim_input_rows(self, m: int, k: int) -> None:
         self._step("trim", m, k)
+
+    @rule(m=mapper_index, k=instance)
+    def spill(self, m: int, k: int) -> None:
+        self._step("spill", m, k)
 
     @rule(
         r=reducer_index,

@@ -65,6 +65,7 @@ def _state_then_writes(
     ranges: list[str],
     payloads: list[bytes],
     served_by: dict[int, str],
+    consumed: Any = None,
 ) -> bool:
     """Mutant (a): commit the reducer state first, then the user's writes separately."""
     txn = self.store.create_transaction()
@@ -279,6 +280,17 @@ def _restart_from_stale_state(self: MapperWorker) -> None:
     self.end_of_input = False
 
 
+def _ignore_spill(
+    self: ReducerWorker, committed: Any, max_bytes: int
+) -> tuple[bool, dict[int, Any]]:
+    """Mutant (n): the straggler never reads the rows mappers spilled for it."""
+    return False, {}
+
+
+def _keep_spill(txn: Any, reducer_index: int, mapper_index: int, through: int) -> None:
+    """Mutant (o): the reducer leaves the spilled rows it committed in the store."""
+
+
 MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
     "reducer_state_committed_before_user_writes": (
         ReducerWorker,
@@ -316,6 +328,8 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
         "_read_cut",
         _read_cut_without_check,
     ),
+    "reducer_ignores_spilled_rows": (ReducerWorker, "_read_spilled", _ignore_spill),
+    "reducer_keeps_consumed_spill": (reducer_module, "clear_spill", _keep_spill),
     "mapper_restarts_from_stale_state": (
         MapperWorker,
         "start_ingestion",
@@ -333,12 +347,19 @@ def _keep_numbering(self: MapperWorker, txn: StoreTransaction) -> Any:
 
 
 def commit_without_numbering_check(
-    self: ReducerWorker, state: Any, new: Any, batch: Any, ranges: Any, payloads: Any, _: Any
+    self: ReducerWorker,
+    state: Any,
+    new: Any,
+    batch: Any,
+    ranges: Any,
+    payloads: Any,
+    _: Any,
+    consumed: Any = None,
 ) -> bool:
     """At-least-once mutant (o): the reducer commits rows whatever instance served them
     (caught by a targeted replay in ``test_at_least_once_races.py``)."""
     return _real_reduce_and_commit(  # type: ignore[no-any-return]
-        self, state, new, batch, ranges, payloads, {}
+        self, state, new, batch, ranges, payloads, {}, consumed
     )
 
 

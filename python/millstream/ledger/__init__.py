@@ -8,6 +8,7 @@ through these modules, never through each other:
 - :mod:`.mapper`: a mapper's persisted state, batch plans, numbering owner, drained
   marker, totals;
 - :mod:`.reducer`: a reducer's committed row indices and totals;
+- :mod:`.spill`: rows spilled for reducers that fell behind (straggler spill);
 - :mod:`.discovery`: live workers' entries and their published metrics;
 - :mod:`.processor`: the processor's counts, the runner's checks and the run totals;
 - :mod:`.status`: one snapshot of all of it, for ``millstream status`` and progress.

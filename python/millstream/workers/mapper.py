@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -44,6 +44,7 @@ from millstream.ledger import (
     write_mapper_state,
     write_numbering,
 )
+from millstream.ledger.spill import spilled_through, write_spill_chunk
 from millstream.rpc.calls import max_payload_bytes
 from millstream.state import Store, StoreTransaction, pack, unpack
 from millstream.workers.claims import Claims, check_claims
@@ -53,6 +54,12 @@ if TYPE_CHECKING:
     from millstream.processor import Processor
 
 log = logging.getLogger("millstream.mapper")
+
+SPILL_TO_SHARE = 0.5
+"""A straggler spill empties the window down to this share of its memory limit."""
+
+SPILL_CHUNK_SHARE = 0.9
+"""A spilled chunk takes at most this share of the store's value limit."""
 
 
 class MapperWorker:
@@ -106,6 +113,11 @@ class MapperWorker:
         self._closed = False
         self.claims = Claims()
         """What reducers claimed to have committed (checked before persisting)."""
+        self.rows_spilled = 0
+        self.bytes_spilled = 0
+        self.spills = 0
+        self._last_call = [clock.now()] * processor.num_reducers
+        """When each reducer last called GetRows (at both ends of a held call)."""
 
     # -- ingestion (thesis 4.3.3) -------------------------------------------------------
 
@@ -113,13 +125,16 @@ class MapperWorker:
         """Load the persisted state and start a fresh window from it (step 0 of 4.3.3).
 
         At least once, the instance first takes over the mapper's numbering
-        (:meth:`_take_numbering`).
+        (:meth:`_take_numbering`). Rows spilled for stragglers are never buffered again.
         """
         if self.processor.at_least_once:
             self.persisted = self.store.transact(self._take_numbering)
-        else:
-            with self.store.read() as txn:
+        with self.store.read() as txn:
+            if not self.processor.at_least_once:
                 self.persisted = read_mapper_state(txn, self.index)
+            spilled = [
+                spilled_through(txn, r, self.index) for r in range(self.processor.num_reducers)
+            ]
         old = self.window
         self.window = _core.Window(
             self.processor.num_reducers,
@@ -129,6 +144,9 @@ class MapperWorker:
             self.persisted.continuation_token,
             max_payload_bytes=max_payload_bytes(self.tuning.grpc_max_message_bytes),
         )
+        for r, through in enumerate(spilled):
+            if through >= 0:  # rows in the store already: never buffered again
+                self.window.mark_spilled(r, through)
         self.claims.clear()
         if old is not None:
             old.close()
@@ -145,11 +163,12 @@ class MapperWorker:
         No batch boundaries are recorded, so this instance may cut the input after the
         persisted state differently from the one before, and its shuffle indices would
         name other rows. It therefore numbers its rows above every reducer's committed
-        index (each reducer then receives every row after the persisted state: some of
-        them again, none lost), and names itself in :func:`numbering_key`, which reducers
-        check in the transaction that commits rows: rows an earlier instance served can
-        no longer be committed. Reducer states are read with conflicts, so a reducer's
-        commit and this takeover are ordered one way or the other.
+        index and every spilled row (each reducer then receives every row after the
+        persisted state: some of them again, none lost), and names itself in
+        :func:`numbering_key`, which reducers check in the transaction that commits rows:
+        rows an earlier instance served can no longer be committed. Reducer states are
+        read with conflicts, so a reducer's commit and this takeover are ordered one way or
+        the other.
 
         Returns:
             The persisted state the window starts from.
@@ -157,7 +176,10 @@ class MapperWorker:
         state = read_mapper_state(txn, self.index)
         m = self.processor.num_mappers
         committed = max(
-            read_reducer_state(txn, r, m).committed_row_indices[self.index]
+            max(
+                read_reducer_state(txn, r, m).committed_row_indices[self.index],
+                spilled_through(txn, r, self.index),
+            )
             for r in range(self.processor.num_reducers)
         )
         write_numbering(txn, self.index, self.guid)
@@ -389,6 +411,7 @@ class MapperWorker:
             return 0, committed_row_index, b""
         if 0 <= reducer_index < self.processor.num_reducers:
             self.claims.record(reducer_index, committed_row_index)
+            self._last_call[reducer_index] = self.clock.now()
         return window.get_rows(reducer_index, committed_row_index, max_rows, max_bytes)
 
     def wait_for_rows(self, reducer_index: int, timeout_seconds: float) -> bool:
@@ -439,6 +462,86 @@ class MapperWorker:
     def _notify_rows(self) -> None:
         with self._rows_pushed:
             self._rows_pushed.notify_all()
+
+    # -- straggler spill (thesis section 6) ----------------------------------------------
+
+    def stragglers(self) -> list[int]:
+        """Reducers that have not called GetRows for ``spill_after_seconds`` (down, hung or
+        cut off; a reducer in a held call or a short commit calls again well within it)."""
+        after = self.tuning.spill_after_seconds
+        if after is None:
+            return []
+        now = self.clock.now()
+        return [r for r, at in enumerate(self._last_call) if now - at >= after]
+
+    def spill_stragglers(
+        self, stragglers: Sequence[int] | None = None, target_bytes: int | None = None
+    ) -> int:
+        """Write to the store the rows the window holds only for ``stragglers`` (default:
+        :meth:`stragglers`), from its oldest entries that another reducer has moved past,
+        and let the window go of them, down to ``target_bytes`` (default: half of its
+        memory limit): the mapper reads on and the other reducers keep committing while a
+        reducer is down. Rows the other
+        reducers committed are never written. A straggler reads its rows from the store
+        before the window's (:mod:`millstream.ledger.spill`) and clears them in the
+        transaction that commits them; the mapper's persisted state and its input's trim
+        move past them.
+
+        Returns:
+            Rows spilled (0: nothing qualified, e.g. a reducer that is not a straggler still
+            needs the oldest entry).
+
+        Raises:
+            SplitBrainError: Another instance wrote this mapper's state.
+        """
+        window = self._require_window()
+        stragglers = self.stragglers() if stragglers is None else list(stragglers)
+        if not stragglers:
+            return 0
+        limits = self.store.limits
+        if target_bytes is None:
+            target_bytes = int(window.snapshot().memory_limit_bytes * SPILL_TO_SHARE)
+        chunks = window.peek_spill(
+            stragglers,
+            target_bytes,
+            min(self.tuning.commit_max_bytes, limits.max_transaction_bytes // 2),
+            int(limits.max_value_bytes * SPILL_CHUNK_SHARE),
+        )
+        if not chunks:
+            return 0
+        claims = self.claims.snapshot()  # after the peek: covers every pop it reflects
+        txn = self.store.create_transaction()
+        try:
+            self._verify_persisted(txn)
+            # A reducer reads spilled rows straight from the store, right after what it
+            # committed: a bucket popped past that (a false claim) must not spill.
+            check_claims(txn, self.index, self.processor.num_mappers, claims)
+            for reducer, _, last, _, payload in chunks:
+                write_spill_chunk(txn, reducer, self.index, last, payload)
+            txn.commit()
+        except BaseException:
+            txn.reset()
+            raise
+        through: dict[int, int] = {}
+        for reducer, _, last, _, _ in chunks:
+            through[reducer] = max(last, through.get(reducer, -1))
+        for reducer, last in through.items():
+            window.mark_spilled(reducer, last)
+        rows = sum(c[3] for c in chunks)
+        size = sum(len(c[4]) for c in chunks)
+        self.spills += 1
+        self.rows_spilled += rows
+        self.bytes_spilled += size
+        log.info(
+            "mapper %d: window full, spilled %d rows (%d bytes) for reducer(s) %s, silent for "
+            "%s s or more",
+            self.index,
+            rows,
+            size,
+            sorted(through),
+            self.tuning.spill_after_seconds,
+        )
+        return rows
 
     # -- TrimInputRows (thesis 4.3.5) ---------------------------------------------------
 
@@ -556,6 +659,9 @@ class MapperWorker:
             "window_entries": window.num_entries if window else 0,
             "shuffle_end_row_index": window.shuffle_end_row_index if window else 0,
             "memory_limit_bytes": self.tuning.memory_limit_bytes,
+            "spills": self.spills,
+            "rows_spilled": self.rows_spilled,
+            "bytes_spilled": self.bytes_spilled,
             "end_of_input": int(self.end_of_input),
             "uptime": self.clock.now() - self.started_at,
             "errors": self.errors,
@@ -616,6 +722,11 @@ class MapperWorker:
                     continue
             while True:
                 room = window.wait_for_room(min(0.1, t.trim_period_seconds))
+                if not room:
+                    try:
+                        self.spill_stragglers()
+                    except (RetryableStoreError, StoreUnavailableError) as exc:
+                        self._note_error(exc)
                 now = self.clock.now()
                 drained_window = self.end_of_input and window.snapshot().num_entries == 0
                 if now - last_trim >= t.trim_period_seconds or drained_window:

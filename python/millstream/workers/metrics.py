@@ -52,6 +52,11 @@ _COUNTERS = {
             "Rows produced by map (shuffle numbering; replays count again).",
         ),
         "batches": ("millstream_batches_mapped", "Batches mapped."),
+        "rows_spilled": (
+            "millstream_rows_spilled",
+            "Rows written to the store for reducers that fell behind (straggler spill).",
+        ),
+        "bytes_spilled": ("millstream_bytes_spilled", "Arrow bytes of the spilled rows."),
     },
     "reducer": {
         "split_brains": (

@@ -11,10 +11,12 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from millstream import _core
 from millstream.api import Transaction
@@ -38,6 +40,7 @@ from millstream.ledger import (
     remove_stale_workers,
     write_reducer_state,
 )
+from millstream.ledger.spill import clear_spill, read_spill, spill_pending
 from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 from millstream.state import Store
 from millstream.state.replay import ReplayingTransaction
@@ -104,6 +107,8 @@ class ReducerWorker:
         assume so; the first answers tell)."""
         self._row_bytes = 0.0
         """Arrow bytes per fetched row, recently (0: not known yet)."""
+        self._spill_pending = False
+        """Whether the last view found rows spilled for this reducer in the store."""
         self._missing_since: float | None = None
         """When a gathering reducer first found an undrained mapper missing from discovery."""
         self.renewals = 0
@@ -123,6 +128,7 @@ class ReducerWorker:
             state = read_reducer_state(txn, self.index, m)
             mappers, dead = self.discovery.observe(list_workers(txn, "mapper"))
             drained = {i for i in range(m) if txn.get(drained_key(i), snapshot=True) is not None}
+            self._spill_pending = spill_pending(txn, self.index)
         if dead:
             self._forget_mappers(dead)
         return state, mappers, drained
@@ -204,7 +210,7 @@ class ReducerWorker:
         """
         state, mappers, drained = self._read_view()
         self.last_state = state
-        self.all_drained = len(drained) == self.processor.num_mappers
+        self.all_drained = len(drained) == self.processor.num_mappers and not self._spill_pending
         live = {
             m: info
             for m, info in mappers.items()
@@ -232,9 +238,9 @@ class ReducerWorker:
             )
             for m, info in sorted(live.items())
         ]
-        if not calls:
+        if not calls and not self._spill_pending:
             return False
-        results = self.rows_client.get_rows_many(calls)
+        results = self.rows_client.get_rows_many(calls) if calls else []
         answered = [result for result in results if isinstance(result, GetRowsResult)]
         if answered:
             self.behind = any(result.behind for result in answered)
@@ -265,9 +271,27 @@ class ReducerWorker:
                 f"mapper {call.mapper_index} shuffle rows "
                 f"({call.committed_row_index}, {result.last_shuffle_row_index}]"
             )
-        if not payloads:
+        # Looked for only now that the mappers answered: a spill written after an answer
+        # covers its rows, so the answer of a mapper with spilled rows waits for a later
+        # round; a spill written before it shows here, even if the view above missed it.
+        pending, spilled = self._read_spilled(state.committed_row_indices, max_bytes)
+        if pending and not spilled:
+            self._clear_stale_spill(state.committed_row_indices)
+        for m, (_, last, size) in spilled.items():
+            if m in senders:
+                at = senders.index(m)
+                del senders[at], payloads[at], ranges[at]
+            new[m] = last
+            ranges.append(
+                f"mapper {m} spilled shuffle rows ({state.committed_row_indices[m]}, {last}]"
+            )
+            self.capped = self.capped or size >= max_bytes
+        if not payloads and not spilled:
             return False
         batch = self._decode(payloads, senders)
+        if spilled:
+            batch = self._with_spilled(batch, [part for part, _, _ in spilled.values()])
+        consumed = {m: last for m, (_, last, _) in spilled.items()}
         served_by = {call.mapper_index: call.mapper_guid for call in calls}
         try:
             committed = self._reduce_and_commit(
@@ -277,6 +301,7 @@ class ReducerWorker:
                 ranges,
                 payloads,
                 {m: served_by[m] for m in senders},
+                consumed,
             )
         except (TransactionTooLargeError, TransactionTooOldError) as exc:
             if batch.num_rows <= 1 and isinstance(exc, TransactionTooLargeError):
@@ -350,6 +375,58 @@ class ReducerWorker:
         if acks:
             self.rows_client.acknowledge_many(acks)
 
+    def _read_spilled(
+        self, committed: tuple[int, ...], max_bytes: int
+    ) -> tuple[bool, dict[int, tuple[pa.RecordBatch, int, int]]]:
+        """Rows mappers spilled for this reducer (a straggler) after its committed indices:
+        whether any chunk waits for it at all, and per mapper the rows (their shuffle index
+        column dropped), the last shuffle index read and the bytes read; about
+        ``max_bytes`` per mapper."""
+        out: dict[int, tuple[pa.RecordBatch, int, int]] = {}
+        with self.store.read() as txn:
+            if not spill_pending(txn, self.index):
+                return False, out
+            for m, after in enumerate(committed):
+                chunks, _ = read_spill(txn, self.index, m, after, max_bytes)
+                if not chunks:
+                    continue
+                rows = _core.decode_ipc([payload for _, payload in chunks])
+                # Two live instances of a mapper may spill the same rows in other chunks:
+                # rows in shuffle order, each once.
+                rows = rows.take(pc.sort_indices(rows.column(_core.SHUFFLE_INDEX_COLUMN)))
+                index = rows.column(_core.SHUFFLE_INDEX_COLUMN).to_numpy()
+                fresh = np.ones(len(index), dtype=bool)
+                fresh[1:] = index[1:] != index[:-1]
+                rows = rows.filter(pa.array(fresh & (index > after)))
+                rows = rows.drop_columns([_core.SHUFFLE_INDEX_COLUMN])
+                out[m] = (rows, chunks[-1][0], sum(len(p) for _, p in chunks))
+        return True, out
+
+    def _clear_stale_spill(self, committed: tuple[int, ...]) -> None:
+        """Clear chunks whose rows this reducer committed already (a mapper that learnt
+        of a commit late may spill rows the reducer had committed from its window)."""
+        txn = self.store.create_transaction()
+        try:
+            for m, through in enumerate(committed):
+                clear_spill(txn, self.index, m, through)
+            txn.commit()
+        except (RetryableStoreError, StoreUnavailableError) as exc:
+            self._note_error("clearing committed spilled rows", exc)
+        finally:
+            txn.reset()
+
+    def _with_spilled(self, batch: pa.RecordBatch, parts: list[pa.RecordBatch]) -> pa.RecordBatch:
+        """``batch`` (the mappers' window rows) and spilled rows, as one batch."""
+        tables = [pa.Table.from_batches([b]) for b in [*parts, batch] if b.num_columns]
+        try:
+            table = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise UserCodeError(
+                f"reducer {self.index}: spilled rows and the mappers' rows have incompatible "
+                f"schemas ({exc}). Every mapper's map must return columns of compatible types"
+            ) from exc
+        return table.combine_chunks().to_batches()[0] if table.num_rows else batch
+
     def _decode(self, payloads: list[bytes], senders: list[int]) -> pa.RecordBatch:
         """One batch from every mapper's rows; differing schemas are unified if they can be.
 
@@ -388,6 +465,7 @@ class ReducerWorker:
         ranges: list[str],
         payloads: list[bytes],
         served_by: dict[int, str],
+        consumed: Mapping[int, int] | None = None,
     ) -> bool:
         """Steps 5-8: reduce inside a transaction, re-check the state, write it, commit.
 
@@ -395,6 +473,8 @@ class ReducerWorker:
         ``served_by`` (mapper index: GUID of the instance that served its rows) still owns
         its mapper's numbering: rows of an instance a newer one took over from may be
         numbered differently from the newer one's, so they are not committed.
+        ``consumed`` (mapper index: shuffle index) names spilled rows the batch holds:
+        their chunks are cleared in the same transaction.
 
         The transaction replays itself into a new one when ``reduce`` runs longer than
         half the store's time limit (:class:`ReplayingTransaction`), so a slow ``reduce``
@@ -434,6 +514,8 @@ class ReducerWorker:
                     txn.reset()
                     return False
             write_reducer_state(txn, self.index, new)
+            for m, through in (consumed or {}).items():
+                clear_spill(txn, self.index, m, through)
             txn.add(reduced_key(self.index, "rows"), batch.num_rows)
             txn.add(reduced_key(self.index, "bytes"), fetched)
             txn.add(reduced_key(self.index, "commits"), 1)

@@ -19,6 +19,9 @@ pub struct Bucket {
     /// Highest committed index the reducer has sent, -1 before its first call. Rows at or
     /// below it are never buffered again, even when a restarted mapper re-produces them.
     pub committed_row_index: i64,
+    /// Highest shuffle index of the reducer's rows written to the store by a straggler
+    /// spill, -1 if none: rows at or below it left the bucket and are never buffered again.
+    pub spilled_row_index: i64,
 }
 
 impl Bucket {
@@ -26,6 +29,7 @@ impl Bucket {
     pub fn new() -> Self {
         Self {
             committed_row_index: -1,
+            spilled_row_index: -1,
             ..Self::default()
         }
     }

@@ -19,5 +19,6 @@ pub use bucket::Bucket;
 pub use error::{Error, Result};
 pub use shared::{GetRowsResult, Room, SharedWindow};
 pub use window::{
-    LocalMapperState, PreparedEntry, PushContext, Rows, Window, WindowOptions, WindowSnapshot,
+    spill_schema, LocalMapperState, PreparedEntry, PushContext, Rows, SpillChunk, Window,
+    WindowOptions, WindowSnapshot, SHUFFLE_INDEX_COLUMN,
 };

@@ -13,7 +13,7 @@ use arrow_array::{Array, RecordBatch};
 
 use crate::error::{Error, Result};
 use crate::ipc::IpcPayload;
-use crate::window::{PreparedEntry, Window, WindowSnapshot};
+use crate::window::{PreparedEntry, SpillChunk, Window, WindowSnapshot};
 
 /// Outcome of [`SharedWindow::wait_for_room`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +118,29 @@ impl SharedWindow {
             self.room.notify_all();
         }
         Ok(range)
+    }
+
+    /// [`Window::peek_spill`] under the lock (the chunks reference the entries' buffers;
+    /// copying them out happens outside it).
+    pub fn peek_spill(
+        &self,
+        stragglers: &[u32],
+        target_bytes: u64,
+        max_bytes: u64,
+        chunk_bytes: u64,
+    ) -> Result<Vec<SpillChunk>> {
+        self.lock()?
+            .window
+            .peek_spill(stragglers, target_bytes, max_bytes, chunk_bytes)
+    }
+
+    /// [`Window::mark_spilled`]; wakes the mapper waiting for room when entries were trimmed.
+    pub fn mark_spilled(&self, reducer_index: i64, through: i64) -> Result<bool> {
+        let trimmed = self.lock()?.window.mark_spilled(reducer_index, through)?;
+        if trimmed {
+            self.room.notify_all();
+        }
+        Ok(trimmed)
     }
 
     /// [`Window::get_rows`], with the rows encoded as an IPC stream outside the lock. With no

@@ -54,6 +54,7 @@
 mod entry;
 mod rows;
 mod snapshot;
+mod spill;
 
 use std::collections::VecDeque;
 
@@ -67,6 +68,7 @@ use crate::size::IpcOverhead;
 pub use entry::{PreparedEntry, PushContext, COMPACT_RATIO, COMPACT_SLACK_BYTES};
 pub use rows::Rows;
 pub use snapshot::WindowSnapshot;
+pub use spill::{spill_schema, SpillChunk, SHUFFLE_INDEX_COLUMN};
 
 use entry::{check_same_fields, WindowEntry};
 
@@ -181,7 +183,11 @@ impl Window {
             shuffle_begin: self.shuffle_end_row_index,
             input_begin: self.input_end_row_index,
             schema: self.schema.clone(),
-            watermarks: self.buckets.iter().map(|b| b.committed_row_index).collect(),
+            watermarks: self
+                .buckets
+                .iter()
+                .map(|b| b.committed_row_index.max(b.spilled_row_index))
+                .collect(),
         }
     }
 
@@ -228,11 +234,13 @@ impl Window {
         self.buffered_bytes += entry.bytes;
         self.buffered_rows += entry.num_rows() as u64;
         self.entries.push_back(entry);
-        // A reducer may have committed past rows while the entry was being built.
+        // A reducer may have committed past rows (or they were spilled) while the entry was
+        // being built.
         for reducer in 0..self.buckets.len() {
             let b = &self.buckets[reducer];
-            if !b.is_empty() && b.committed_row_index >= range.0 {
-                self.pop_bucket(reducer, b.committed_row_index);
+            let watermark = b.committed_row_index.max(b.spilled_row_index);
+            if !b.is_empty() && watermark >= range.0 {
+                self.pop_bucket(reducer, watermark);
             }
         }
         self.trim_window_entries();

@@ -1,5 +1,5 @@
-//! Model test: random pushes and GetRows calls against a plain reference model of the
-//! thesis algorithm (explicit per-reducer queues), checked step by step.
+//! Model test: random pushes, GetRows calls and straggler spills against a plain reference
+//! model of the thesis algorithm (explicit per-reducer queues), checked step by step.
 
 use std::sync::{Arc, OnceLock};
 
@@ -8,7 +8,7 @@ use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, UInt32Array};
 use arrow_buffer::Buffer;
 use millstream_core::window::{COMPACT_RATIO, COMPACT_SLACK_BYTES};
-use millstream_core::{ipc, Error, LocalMapperState, Window, WindowOptions};
+use millstream_core::{ipc, Error, LocalMapperState, Window, WindowOptions, SHUFFLE_INDEX_COLUMN};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -27,6 +27,11 @@ enum Op {
     },
     /// A well-behaved reducer: commit what was returned last time, read more.
     CommitReturned { reducer: u32, max_rows: i64 },
+    /// Spill every row only these stragglers still need, in chunks of this many bytes.
+    Spill {
+        stragglers: Vec<u32>,
+        chunk_bytes: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -42,6 +47,8 @@ fn op() -> impl Strategy<Value = Op> {
             }
         ),
         3 => (0u32..8, 1i64..12).prop_map(|(reducer, max_rows)| Op::CommitReturned { reducer, max_rows }),
+        1 => (prop::collection::vec(0u32..8, 0..4), prop_oneof![Just(1u64), 200u64..4000])
+            .prop_map(|(stragglers, chunk_bytes)| Op::Spill { stragglers, chunk_bytes }),
     ]
 }
 
@@ -66,6 +73,8 @@ struct Model {
     queue: Vec<Vec<i64>>,
     /// Per reducer: last index returned (for CommitReturned).
     last_returned: Vec<i64>,
+    /// Per reducer: the highest spilled index.
+    spilled: Vec<i64>,
     local: LocalMapperState,
     input_end: i64,
     shuffle_end: i64,
@@ -105,7 +114,7 @@ impl Model {
         let mut rows = Vec::new();
         for (i, &r) in reducers.iter().enumerate() {
             let idx = begin + i as i64;
-            if idx > self.watermark[r as usize] {
+            if idx > self.watermark[r as usize].max(self.spilled[r as usize]) {
                 rows.push((idx, r));
                 self.queue[r as usize].push(idx);
             }
@@ -135,6 +144,39 @@ impl Model {
         self.queue[r].retain(|&i| i > committed);
         self.trim();
         Ok(&self.queue[r])
+    }
+
+    /// The rows a spill takes, per reducer: from the front, the pending rows of every entry
+    /// that some reducer with rows in it has passed and only stragglers still need.
+    fn spill(&self, stragglers: &[u32]) -> Vec<Vec<i64>> {
+        let mut out = vec![Vec::new(); self.num_reducers as usize];
+        for e in &self.entries {
+            let mut having: Vec<u32> = e.rows.iter().map(|&(_, r)| r).collect();
+            having.sort_unstable();
+            having.dedup();
+            let inside = |i: &i64| e.shuffle_begin <= *i && *i < e.shuffle_end;
+            let waiting: Vec<u32> = having
+                .iter()
+                .copied()
+                .filter(|&r| self.queue[r as usize].iter().any(inside))
+                .collect();
+            if waiting.is_empty() {
+                continue;
+            }
+            if waiting.len() == having.len() || waiting.iter().any(|r| !stragglers.contains(r)) {
+                break;
+            }
+            for r in waiting {
+                out[r as usize].extend(self.queue[r as usize].iter().copied().filter(inside));
+            }
+        }
+        out
+    }
+
+    fn mark_spilled(&mut self, reducer: usize, through: i64) {
+        self.spilled[reducer] = self.spilled[reducer].max(through);
+        self.queue[reducer].retain(|&i| i > through);
+        self.trim();
     }
 
     fn buffered_rows(&self) -> u64 {
@@ -233,6 +275,7 @@ fn run(num_reducers: u32, start: i64, ops: Vec<Op>) {
         watermark: vec![-1; num_reducers as usize],
         queue: vec![Vec::new(); num_reducers as usize],
         last_returned: vec![-1; num_reducers as usize],
+        spilled: vec![-1; num_reducers as usize],
         input_end: initial.input_unread_row_index,
         shuffle_end: initial.shuffle_unread_row_index,
         local: initial,
@@ -289,6 +332,13 @@ fn run(num_reducers: u32, start: i64, ops: Vec<Op>) {
                 let committed = model.last_returned[reducer as usize];
                 get_rows(&mut window, &mut model, reducer, committed, max_rows, false);
             }
+            Op::Spill {
+                stragglers,
+                chunk_bytes,
+            } => {
+                let stragglers: Vec<u32> = stragglers.iter().map(|r| r % num_reducers).collect();
+                spill(&mut window, &mut model, &stragglers, chunk_bytes)
+            }
         }
         check(&window, &model);
     }
@@ -341,6 +391,47 @@ fn get_rows(
                         .unwrap();
                 assert_eq!(values(&[decoded]), expected);
             }
+        }
+    }
+}
+
+fn spill(window: &mut Window, model: &mut Model, stragglers: &[u32], chunk_bytes: u64) {
+    let before = window.snapshot();
+    let chunks = window
+        .peek_spill(stragglers, 0, u64::MAX, chunk_bytes)
+        .unwrap();
+    assert_eq!(window.snapshot(), before, "peek_spill changes nothing");
+    let expected = model.spill(stragglers);
+    let mut got = vec![Vec::new(); model.num_reducers as usize];
+    for c in &chunks {
+        assert!(c.row_count == 1 || c.payload.len() as u64 <= chunk_bytes);
+        let decoded = ipc::decode_concat([Buffer::from_vec(c.payload.to_vec())]).unwrap();
+        let index = decoded
+            .column_by_name(SHUFFLE_INDEX_COLUMN)
+            .unwrap()
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec();
+        assert_eq!(
+            values(&[decoded]),
+            index,
+            "each row keeps its own shuffle index"
+        );
+        assert_eq!(
+            (
+                c.first_shuffle_row_index,
+                c.last_shuffle_row_index,
+                c.row_count
+            ),
+            (index[0], *index.last().unwrap(), index.len() as u64)
+        );
+        got[c.reducer_index as usize].extend(index);
+    }
+    assert_eq!(got, expected);
+    for (r, rows) in expected.iter().enumerate() {
+        if let Some(&last) = rows.last() {
+            window.mark_spilled(r as i64, last).unwrap();
+            model.mark_spilled(r, last);
         }
     }
 }

@@ -18,6 +18,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "release"
     };
     m.add("__build_profile__", profile)?;
+    m.add(
+        "SHUFFLE_INDEX_COLUMN",
+        millstream_core::SHUFFLE_INDEX_COLUMN,
+    )?;
     errors::register(m)?;
     m.add_class::<window::PyWindow>()?;
     m.add_class::<window::PyWindowSnapshot>()?;

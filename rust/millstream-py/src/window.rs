@@ -115,6 +115,52 @@ impl PyWindow {
         Ok((result.row_count, result.last_shuffle_row_index, bytes))
     }
 
+    #[allow(clippy::type_complexity)]
+    fn peek_spill<'py>(
+        &self,
+        py: Python<'py>,
+        stragglers: Vec<u32>,
+        target_bytes: u64,
+        max_bytes: u64,
+        chunk_bytes: u64,
+    ) -> BindingResult<Vec<(u32, i64, i64, u64, Bound<'py, PyBytes>)>> {
+        let chunks = detached(py, || {
+            self.inner
+                .peek_spill(&stragglers, target_bytes, max_bytes, chunk_bytes)
+        })??;
+        chunks
+            .into_iter()
+            .map(|c| {
+                let payload = &c.payload;
+                let bytes = PyBytes::new_with(py, payload.len(), |out| {
+                    detached(py, || payload.write_to(out))
+                })?;
+                Ok((
+                    c.reducer_index,
+                    c.first_shuffle_row_index,
+                    c.last_shuffle_row_index,
+                    c.row_count,
+                    bytes,
+                ))
+            })
+            .collect()
+    }
+
+    fn mark_spilled(
+        &self,
+        py: Python<'_>,
+        reducer_index: i64,
+        through: i64,
+    ) -> BindingResult<bool> {
+        Ok(detached(py, || {
+            self.inner.mark_spilled(reducer_index, through)
+        })??)
+    }
+
+    fn spilled_row_index(&self, reducer_index: i64) -> BindingResult<i64> {
+        Ok(self.read(|w| w.spilled_row_index(reducer_index))??)
+    }
+
     fn wait_for_room(&self, py: Python<'_>, timeout_seconds: f64) -> BindingResult<bool> {
         if timeout_seconds.is_nan() || timeout_seconds < 0.0 {
             return Err(BindingError::Core(millstream_core::Error::InvalidArgument(
