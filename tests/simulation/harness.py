@@ -1696,7 +1696,11 @@ class Simulation:
         assert pending_total <= snap.buffered_rows, (
             f"{who}: buckets hold {pending_total} rows but the window {snap.buffered_rows}"
         )
+        if snap.num_entries == 0:
+            assert snap.buffered_rows == 0, f"{who}: no entries but {snap.buffered_rows} rows"
+            assert snap.buffered_bytes == 0, f"{who}: no entries but {snap.buffered_bytes} bytes"
         counts = w.bucket_pointer_counts()
+        assert len(counts) == snap.num_entries, f"{who}: {len(counts)} counts, {snap.num_entries}"
         nonempty = sum(1 for r in range(self.R) if w.bucket_len(r))
         assert sum(counts) == nonempty, (
             f"{who}: bucket pointer counts {counts} but {nonempty} non-empty buckets"
@@ -1745,23 +1749,7 @@ class Simulation:
                 )
         # Rows at or below a reducer's committed index are dropped on push, so the entries
         # hold at most the rows of their shuffle range and at least the buffered ones.
-        assert snap.buffered_rows <= end - shuffle_unread, (
-            f"{who}: buffered_rows {snap.buffered_rows} but the window spans shuffle rows "
-            f"[{shuffle_unread}, {end})"
-        )
-        pending_total = sum(w.bucket_len(r) for r in range(self.R))
-        assert pending_total <= snap.buffered_rows, (
-            f"{who}: buckets hold {pending_total} rows but the window {snap.buffered_rows}"
-        )
-        if snap.num_entries == 0:
-            assert snap.buffered_rows == 0, f"{who}: no entries but {snap.buffered_rows} rows"
-            assert snap.buffered_bytes == 0, f"{who}: no entries but {snap.buffered_bytes} bytes"
-        counts = w.bucket_pointer_counts()
-        assert len(counts) == snap.num_entries, f"{who}: {len(counts)} counts, {snap.num_entries}"
-        nonempty = sum(1 for r in range(self.R) if w.bucket_len(r))
-        assert sum(counts) == nonempty, (
-            f"{who}: bucket pointer counts {counts} but {nonempty} non-empty buckets"
-        )
+        self._check_window_accounting(inst, w)
         starts = self.oracle.shuffle_at[m]
         assert input_unread in starts, (
             f"{who}: local state at input {input_unread}, not a batch boundary"
@@ -1772,8 +1760,6 @@ class Simulation:
         outs = self.oracle.outputs[m]
         for r in range(self.R):
             pending = w.pending_shuffle_indices(r)
-            assert len(pending) == w.bucket_len(r), f"{who}: bucket {r} length mismatch"
-            assert all(a < b for a, b in itertools.pairwise(pending))
             for s in pending:
                 assert shuffle_unread <= s < end, f"{who}: bucket {r} holds row {s} out of range"
                 assert s < len(outs), f"{who}: bucket {r} holds unknown shuffle row {s}"
