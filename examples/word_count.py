@@ -105,4 +105,9 @@ def make_processor(
     )
 
 
-processor = make_processor()
+def __getattr__(name: str) -> ms.Processor:
+    # ``processor`` is made (and its input generated) on first use, not on import: the
+    # pipeline example imports this module's mapper.
+    if name == "processor":
+        return make_processor()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

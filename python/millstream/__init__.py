@@ -21,13 +21,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from millstream import exceptions, inputs
+    from millstream import exceptions, inputs, outputs
     from millstream._core import __version__
     from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
     from millstream.inputs.base import Input, PartitionReader, ReadResult
     from millstream.ledger import RunSummary
     from millstream.processor import Processor
-    from millstream.runner.local import RunStopped, run_local
+    from millstream.runner.local import RunStopped, run_local, run_local_pipeline
     from millstream.tuning import RestartStrategy
 
 _WHERE = {
@@ -45,9 +45,10 @@ _WHERE = {
     "Tuning": "millstream.api",
     "WorkerSpec": "millstream.api",
     "run_local": "millstream.runner.local",
+    "run_local_pipeline": "millstream.runner.local",
     "__version__": "millstream._core",
 }
-_SUBMODULES = ("exceptions", "inputs")
+_SUBMODULES = ("exceptions", "inputs", "outputs")
 
 
 def __getattr__(name: str) -> Any:
@@ -82,5 +83,7 @@ __all__ = [
     "__version__",
     "exceptions",
     "inputs",
+    "outputs",
     "run_local",
+    "run_local_pipeline",
 ]

@@ -11,14 +11,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from millstream import _core
+from millstream.exceptions import ConfigurationError
 from millstream.ledger import OUTPUT
 from millstream.state import StoreTransaction, decode_int64
 from millstream.tuning import Tuning
+
+if TYPE_CHECKING:
+    from millstream.inputs.store_queue import StoreQueue
+    from millstream.outputs import ParquetSink, StagedOutputs
 
 Key = tuple[Any, ...]
 
@@ -134,10 +139,15 @@ class Transaction:
     batch operations take Arrow arrays and avoid a Python loop per key: use them on hot paths.
     Everything written here commits atomically with the reducer's committed indices, or not
     at all. FoundationDB's limits apply (10 MB of writes, 100 kB values, 10 kB keys, 5 s).
+
+    Rows for the processor's declared ``outputs`` go through :meth:`append` (a store queue
+    another processor reads: a pipeline) and :meth:`write_parquet` (a file sink); they
+    commit with the rest or not at all.
     """
 
-    def __init__(self, txn: StoreTransaction) -> None:
+    def __init__(self, txn: StoreTransaction, outputs: StagedOutputs | None = None) -> None:
         self._txn = txn
+        self._outputs = outputs
 
     @staticmethod
     def _key(key: Key) -> Key:
@@ -185,6 +195,54 @@ class Transaction:
     def write_size(self) -> int:
         """Bytes written so far in this transaction (all of it, bookkeeping included)."""
         return self._txn.write_size
+
+    def _staged(self) -> StagedOutputs:
+        if self._outputs is None:
+            raise ConfigurationError(
+                "this transaction has no outputs: append and write_parquet work inside a "
+                "reducer's reduce, for outputs declared in Processor(outputs=[...])"
+            )
+        return self._outputs
+
+    def append(
+        self,
+        queue: StoreQueue | str,
+        rows: pa.RecordBatch | pa.Table,
+        *,
+        partition: int | None = None,
+    ) -> None:
+        """Append ``rows`` to an output queue when (and only if) this transaction commits.
+
+        A processor that reads the queue then consumes every row exactly once: a pipeline of
+        processors. The rows go into this transaction, so they count against its size limit
+        (the reducer fetches fewer rows next time when a commit grows too large).
+
+        Args:
+            queue: A :class:`~millstream.inputs.StoreQueue` of the processor's ``outputs``, or
+                its name.
+            rows: The rows; every append to a queue partition has the same schema.
+            partition: The queue partition; default: the reducer's index modulo the queue's
+                partitions. Reducers appending to one partition conflict with each other's
+                commits (they retry, but slower): give the queue one partition per reducer.
+        """
+        table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
+        self._staged().append(queue, table, partition)
+
+    def write_parquet(self, sink: ParquetSink | str, rows: pa.RecordBatch | pa.Table) -> None:
+        """Publish ``rows`` as a Parquet file of ``sink`` when (and only if) this commits.
+
+        The file is written after ``reduce`` returns, recorded in this transaction and
+        renamed into the sink's directory after the commit; see
+        :class:`~millstream.outputs.ParquetSink`. One file per call: write once per
+        ``reduce`` with all of its rows.
+
+        Args:
+            sink: A :class:`~millstream.outputs.ParquetSink` of the processor's ``outputs``,
+                or its name.
+            rows: The rows of the file.
+        """
+        table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
+        self._staged().write_parquet(sink, table)
 
 
 class Mapper(ABC):

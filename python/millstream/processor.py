@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -11,6 +11,7 @@ from millstream.api import Mapper, Reducer, Tuning, WorkerSpec
 from millstream.exceptions import ConfigurationError
 from millstream.inputs.base import Input
 from millstream.ledger import ProcessorInfo
+from millstream.outputs import Output, check_outputs
 from millstream.state import Store, open_store, parse_store_url
 
 Delivery = Literal["exactly_once", "at_least_once"]
@@ -40,6 +41,14 @@ class Processor:
             since its last persisted state are read again and applied again by the reducers
             that had committed them. Nothing is lost in either mode; a processor keeps its
             mode for ever. See the README, "Delivery: exactly once or at least once".
+        outputs: Where reducers may send rows besides their own keys, atomically with
+            their commits: :class:`~millstream.inputs.StoreQueue` queues (another
+            processor reading one consumes its rows exactly once; the queue's partitions
+            are sealed when this processor drains) and
+            :class:`~millstream.outputs.ParquetSink` sinks. They must live in this
+            processor's store. Reducers write through
+            :meth:`~millstream.Transaction.append` and
+            :meth:`~millstream.Transaction.write_parquet`.
     """
 
     mapper: type[Mapper]
@@ -51,8 +60,10 @@ class Processor:
     config: Mapping[str, Any] = field(default_factory=dict)
     tuning: Tuning = field(default_factory=Tuning)
     delivery: Delivery = "exactly_once"
+    outputs: Sequence[Output] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "outputs", tuple(self.outputs))
         self.validate()
 
     @property
@@ -88,6 +99,17 @@ class Processor:
             )
         if self.num_mappers < 1:
             raise ConfigurationError("the input has no partitions, so there is no mapper to run")
+        check_outputs(self.outputs, self.store)
+        if any(
+            type(output) is type(self.input)
+            and output.name == getattr(self.input, "name", None)
+            and output.store.url == getattr(getattr(self.input, "store", None), "url", None)
+            for output in self.outputs
+        ):
+            raise ConfigurationError(
+                "a processor cannot append to the queue it reads: its rows would come back "
+                "to it for ever; give the output another queue"
+            )
         t = self.tuning
         if t.batch_rows < 1 or t.commit_max_rows < 1 or t.commit_max_bytes < 1:
             raise ConfigurationError(

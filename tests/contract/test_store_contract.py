@@ -19,7 +19,15 @@ from millstream.exceptions import (
     TransactionTooOldError,
     ValueTooLargeError,
 )
-from millstream.state import Store, StoreLimits, StoreTransaction, decode_int64, encode_int64, pack
+from millstream.state import (
+    Store,
+    StoreLimits,
+    StoreTransaction,
+    decode_int64,
+    encode_int64,
+    open_store,
+    pack,
+)
 
 StoreFactory = Callable[..., Store]
 
@@ -405,3 +413,39 @@ def test_transaction_time_limit(make_store: StoreFactory) -> None:
     with pytest.raises(TransactionTooOldError, match="limit"):
         txn.commit()
     assert store.transact(lambda t: t.get(("k",))) is None
+
+
+# -- scoped views -----------------------------------------------------------------------
+
+
+def test_a_scoped_view_writes_under_its_prefix_within_the_transaction(store: Store) -> None:
+    other_prefix = (*store.prefix, "other")
+    other = open_store(store.url, prefix=other_prefix)
+    try:
+        txn = store.create_transaction()
+        view = txn.scoped(other_prefix)
+        view.set(("k",), b"v")
+        view.add(("n",), 3)
+        assert view.get(("k",)) == b"v", "the view reads its own writes"
+        assert txn.get(("other", "k")) == b"v", "the same write, seen from the parent"
+        assert txn.write_size >= len(b"v"), "the view's writes count against the transaction"
+        assert other.transact(lambda t: t.get(("k",))) is None, "nothing before the commit"
+        txn.commit()
+        assert other.transact(lambda t: t.get(("k",))) == b"v"
+        assert decode_int64(other.transact(lambda t: t.get(("n",))) or b"") == 3
+
+        dropped = store.create_transaction()
+        dropped.scoped(other_prefix).set(("k",), b"dropped")
+        dropped.reset()
+        assert other.transact(lambda t: t.get(("k",))) == b"v"
+
+        # A read through the view is conflict-checked like any read of the transaction.
+        reader = store.create_transaction()
+        assert reader.scoped(other_prefix).get(("k",)) == b"v"
+        other.transact(lambda t: t.set(("k",), b"changed"))
+        reader.set(("mine",), b"x")
+        with pytest.raises(StoreConflictError):
+            reader.commit()
+    finally:
+        other.transact(lambda t: t.clear_range_startswith(()))
+        other.close()

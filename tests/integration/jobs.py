@@ -177,11 +177,36 @@ class SeenValuesReducer(ms.Reducer):
         txn.add_many(("seen",), counts.field("values"), pc.cast(counts.field("counts"), pa.int64()))
 
 
+class SumsToQueueReducer(ms.Reducer):
+    """Sums ``value`` per ``key`` within the batch and appends the ``(key, value)`` sums to
+    the output queue ``config["queue"]``: the first stage of a pipeline."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        sums = pa.Table.from_batches([batch]).group_by("key", use_threads=False)
+        table = sums.aggregate([("value", "sum")]).rename_columns(["key", "value"])
+        txn.append(self.config["queue"], table)
+
+
+class RowsToSinkReducer(ms.Reducer):
+    """Publishes every batch it reduces as one Parquet file of ``config["sink"]``."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        txn.write_parquet(self.config["sink"], batch)
+
+
 class PassThroughMapper(ms.Mapper):
     """Sends every row as it is (no pre-aggregation) to the reducer chosen by its key."""
 
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
         return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
+
+
+class SlowPassThroughMapper(PassThroughMapper):
+    """:class:`PassThroughMapper` that sleeps ``config["map_seconds"]`` per batch."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        time.sleep(float(self.config.get("map_seconds", 0.05)))
+        return super().map(batch)
 
 
 FAST = ms.Tuning(

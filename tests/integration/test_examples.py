@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from millstream.ledger import OUTPUT
 from millstream.state import decode_int64, open_store
@@ -56,3 +57,32 @@ def test_keyed_sum_example_from_the_command_line(tmp_path: Path) -> None:
     finally:
         store.close()
     assert rerun == expected
+
+
+def test_pipeline_example_finds_the_top_words(tmp_path: Path) -> None:
+    rows = 40_000
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MILLSTREAM_EXAMPLE_DIR": str(tmp_path),
+        "MILLSTREAM_EXAMPLE_ROWS": str(rows),
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "examples.pipeline"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("drained:") == 2, run.stdout
+    from examples.pipeline import top_words
+
+    lines = pq.ParquetDataset(sorted(str(p) for p in tmp_path.glob("text-*/*/*.parquet")))
+    words = pc.list_flatten(pc.utf8_split_whitespace(lines.read()["line"]))
+    counts = pc.value_counts(words.filter(pc.not_equal(pc.utf8_length(words), 0)))
+    expected = top_words({str(c["values"]): int(c["counts"]) for c in counts.to_pylist()})
+    printed = [line.split() for line in run.stdout.splitlines()[-len(expected) :]]
+    assert [(w, int(n.replace(",", ""))) for w, n in printed] == expected

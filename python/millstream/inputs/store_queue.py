@@ -261,6 +261,42 @@ class StoreQueue:
                 return last_begin, last_end  # appended before: this is a retry
             if sequence == last:
                 first_begin = last_begin
+        begin, row = self._write_rows(txn, partition, schema_ipc, chunks)
+        first = begin if first_begin is None else first_begin
+        txn.set(producer_key, pack((sequence, piece, first, row)))
+        return first, row
+
+    def append_in(
+        self, txn: StoreTransaction, partition: int, batch: pa.RecordBatch | pa.Table
+    ) -> tuple[int, int]:
+        """Append rows inside the caller's transaction: they land if and only if it commits.
+
+        ``txn`` must be a transaction on this queue's database, seen under the queue's
+        prefix (``txn.scoped(queue.store.prefix)``). No producer record is written: the
+        caller's transaction must itself be one that never lands twice (a reducer's commit,
+        which checks and advances its committed indices, is one). All rows go into the one
+        transaction, so they count against its size limit.
+
+        Returns:
+            ``(begin_row_index, end_row_index)`` of the appended rows.
+
+        Raises:
+            InputError: The schema differs from the partition's, or the partition is sealed.
+        """
+        self._key(partition)
+        batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
+        chunks = [chunk for whole in batches for chunk in self._chunks(whole)]
+        schema_ipc = batch.schema.serialize().to_pybytes()
+        return self._write_rows(txn, partition, schema_ipc, chunks)
+
+    def _write_rows(
+        self,
+        txn: StoreTransaction,
+        partition: int,
+        schema_ipc: bytes,
+        chunks: list[tuple[int, bytes]],
+    ) -> tuple[int, int]:
+        """Check the partition's seal and schema, then store ``chunks`` at its end."""
         if txn.get(self._key(partition, "sealed")) is not None:
             raise InputError(f"queue {self._name!r} partition {partition} is sealed")
         stored_schema = txn.get(self._key(partition, "schema"))
@@ -284,9 +320,7 @@ class StoreQueue:
                 )
             row += count
         txn.set(self._key(partition, "end"), encode_int64(row))
-        first = begin if first_begin is None else first_begin
-        txn.set(producer_key, pack((sequence, piece, first, row)))
-        return first, row
+        return begin, row
 
     def close_partition(self, partition: int) -> int:
         """Seal a partition: no more appends; readers report the end of input there.

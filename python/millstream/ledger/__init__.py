@@ -54,12 +54,13 @@ from millstream.ledger.reducer import (
     write_reducer_state,
 )
 from millstream.ledger.status import read_status
-from millstream.ledger.subspaces import OUTPUT, QUEUES, ROLES, SYSTEM
+from millstream.ledger.subspaces import OUTPUT, QUEUES, ROLES, SINKS, SYSTEM
 
 __all__ = [
     "OUTPUT",
     "QUEUES",
     "ROLES",
+    "SINKS",
     "SYSTEM",
     "MapperState",
     "Metric",

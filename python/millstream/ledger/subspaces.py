@@ -8,7 +8,8 @@
 - ``SYSTEM + ("workers", role, index, guid)``, ``("registrations", role)``,
   ``("status", role, index)``: discovery entries and worker metrics (:mod:`.discovery`).
 - ``SYSTEM + ("processor",)``: counts and fingerprint of the processor (:mod:`.processor`).
-- ``OUTPUT + ...``: the user's reducer output; ``QUEUES + ...``: store-backed input queues.
+- ``OUTPUT + ...``: the user's reducer output; ``QUEUES + ...``: store-backed queues;
+  ``SINKS + ...``: the files each file sink published.
 
 Records are encoded with the tuple layer (states) or JSON (metrics, metadata), both stable.
 """
@@ -25,6 +26,9 @@ OUTPUT: tuple[str] = ("out",)
 
 QUEUES: tuple[str] = ("queue",)
 """Subspace of store-backed input queues."""
+
+SINKS: tuple[str] = ("sink",)
+"""Subspace of the records of file sinks (which files a commit published)."""
 
 ROLES = ("mapper", "reducer")
 """The two worker roles."""

@@ -11,9 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from millstream.runner.local import LocalRunner, RunStopped, run_local
+    from millstream.runner.local import LocalRunner, RunStopped, run_local, run_local_pipeline
 
-_NAMES = ("LocalRunner", "RunStopped", "run_local")
+_NAMES = ("LocalRunner", "RunStopped", "run_local", "run_local_pipeline")
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +22,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'millstream.runner' has no attribute {name!r}")
 
 
-__all__ = ["LocalRunner", "RunStopped", "run_local"]
+__all__ = ["LocalRunner", "RunStopped", "run_local", "run_local_pipeline"]

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -269,6 +269,8 @@ class LocalRunner:
     instances: Mapping[tuple[str, int], int] = field(default_factory=dict)
     out: TextIO = sys.stderr
     metrics_port: int | None = None
+    label: bool = False
+    """Name the processor in progress lines (when several run side by side)."""
     restarts: int = 0
     restarts_by_worker: dict[tuple[str, int], int] = field(default_factory=dict)
     metrics: MetricsServer | None = None
@@ -498,12 +500,19 @@ class LocalRunner:
         except BaseException:
             self.stop()
             raise
+        return self.finish()
+
+    def finish(self) -> RunSummary:
+        """After :meth:`poll` returned True: release the run's resources; the summary."""
         summary = self._summary(drained=True)
         self._close_pipes()
         self._close_metrics()
         if self.progress:
-            print(f"millstream: {summary}", file=self.out)
+            print(f"millstream: {self._label()}{summary}", file=self.out)
         return summary
+
+    def _label(self) -> str:
+        return f"[{self.processor.name}] " if self.label else ""
 
     def _summary(self, *, drained: bool) -> RunSummary:
         seconds = time.monotonic() - self._started_at
@@ -539,8 +548,9 @@ class LocalRunner:
         commits = sum(r["commits"] for r in reducers)
         elapsed = time.monotonic() - self._started_at
         print(
-            f"millstream: {elapsed:6.1f} s  read {read:,} rows  persisted {committed:,}  "
-            f"window {window / 1e6:.1f} MB  commits {commits:,}  restarts {self.restarts}",
+            f"millstream: {self._label()}{elapsed:6.1f} s  read {read:,} rows  "
+            f"persisted {committed:,}  window {window / 1e6:.1f} MB  commits {commits:,}  "
+            f"restarts {self.restarts}",
             file=self.out,
         )
 
@@ -571,6 +581,117 @@ class LocalRunner:
     def _close_pipes(self) -> None:
         for slot in self._slots.values():
             slot.close()
+
+
+class PipelineRunner:
+    """Runs several processors side by side on this machine, each as :class:`LocalRunner`
+    runs one, until all of them drain.
+
+    For a pipeline: a processor whose reducers append to a
+    :class:`~millstream.inputs.StoreQueue` (declared in its ``outputs``) feeds the processor
+    that reads that queue, exactly once; when the first drains, it seals the queue, so the
+    second drains after it.
+
+    Args:
+        processors: The stages; their names must differ (each one's state lives under
+            its name).
+        progress: Print each stage's progress lines about once a second (to ``out``).
+        out: Where progress goes.
+
+    Attributes:
+        runners: One :class:`LocalRunner` per processor, in the order given.
+    """
+
+    def __init__(
+        self, processors: Sequence[Processor], *, progress: bool = False, out: TextIO = sys.stderr
+    ) -> None:
+        names = [p.name for p in processors]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(
+                "the processors of a pipeline need distinct names (each one's state lives "
+                f"under its name); got {names}"
+            )
+        self.progress = progress
+        self.runners = [LocalRunner(p, progress=progress, out=out, label=True) for p in processors]
+
+    def start(self) -> None:
+        """Start every processor's workers."""
+        for runner in self.runners:
+            runner.start()
+
+    def wait(self, timeout: float | None = None) -> list[RunSummary]:
+        """Supervise until every processor drained; their summaries, in order.
+
+        Raises:
+            TimeoutError: Not every processor drained within ``timeout`` seconds.
+            RunStopped: SIGINT or SIGTERM arrived (every worker of every processor stopped).
+            UserCodeError, CrashLoopError, ...: As :meth:`LocalRunner.poll` (every worker
+                of every processor is stopped first).
+        """
+        summaries: list[RunSummary | None] = [None] * len(self.runners)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_report = time.monotonic()
+        try:
+            with _signals_stop_the_run():
+                while any(summary is None for summary in summaries):
+                    for i, runner in enumerate(self.runners):
+                        if summaries[i] is None and runner.poll():
+                            summaries[i] = runner.finish()
+                    now = time.monotonic()
+                    if deadline is not None and now > deadline:
+                        waiting = [
+                            r.processor.name
+                            for r, s in zip(self.runners, summaries, strict=True)
+                            if s is None
+                        ]
+                        raise TimeoutError(f"processors {waiting} did not drain within {timeout} s")
+                    if self.progress and now - last_report >= 1.0:
+                        last_report = now
+                        for runner, summary in zip(self.runners, summaries, strict=True):
+                            if summary is None:
+                                runner._report()
+                    time.sleep(0.05)
+        except KeyboardInterrupt as exc:
+            self.stop()
+            signum = exc.signum if isinstance(exc, RunStopped) else signal.SIGINT
+            raise RunStopped(signum) from None
+        except BaseException:
+            self.stop()
+            raise
+        return [summary for summary in summaries if summary is not None]
+
+    def run(self, timeout: float | None = None) -> list[RunSummary]:
+        """Start, supervise until every processor drained, and return the summaries."""
+        with _signals_stop_the_run():
+            self.start()
+            return self.wait(timeout)
+
+    def stop(self) -> None:
+        """Stop every worker of every processor."""
+        for runner in self.runners:
+            runner.stop()
+
+
+def run_local_pipeline(
+    processors: Sequence[Processor],
+    *,
+    progress: bool = False,
+    timeout: float | None = None,
+) -> list[RunSummary]:
+    """Run several processors side by side on this machine until all of them drain.
+
+    A pipeline: each processor's reducers may append to a queue another one reads (see
+    :class:`PipelineRunner`). Each processor is supervised as :func:`run_local` does
+    (restarts, errors, Ctrl-C stops them all).
+
+    Returns:
+        One summary per processor, in the order given.
+
+    Raises:
+        TimeoutError: Not every processor drained within ``timeout`` seconds.
+        RunStopped: SIGINT or SIGTERM arrived.
+    """
+    return PipelineRunner(processors, progress=progress).run(timeout)
 
 
 def run_local(

@@ -386,6 +386,16 @@ class StoreTransaction(ABC):
         values = array.cast(pa.int64()).to_numpy(zero_copy_only=False).tolist()
         self._raw_add_many(raw, values)
 
+    def scoped(self, prefix: Key) -> StoreTransaction:
+        """This transaction seen under another store prefix of the same database.
+
+        Reads and writes made through the view belong to this transaction (they commit or
+        fail with it, and count against its limits); only their keys are packed under
+        ``prefix`` instead of this store's. What lets a reducer append to a queue or record
+        a sink's file, which live under their own prefixes, atomically with its commit.
+        """
+        return _ScopedTransaction(self, prefix)
+
     # -- lifecycle ----------------------------------------------------------------------
 
     def commit(self) -> None:
@@ -446,6 +456,63 @@ class StoreTransaction(ABC):
 
     @abstractmethod
     def _raw_reset(self) -> None: ...
+
+
+class _ScopedTransaction(StoreTransaction):
+    """A view of a transaction under another prefix; see :meth:`StoreTransaction.scoped`."""
+
+    def __init__(self, parent: StoreTransaction, prefix: Key) -> None:
+        super().__init__(parent.store)
+        self._parent = parent
+        self._prefix = pack(prefix)
+
+    @property
+    def write_size(self) -> int:
+        return self._parent.write_size
+
+    def _start(self) -> None:
+        self._parent._start()
+
+    def _start_write(self) -> None:
+        self._parent._start_write()
+
+    def _grow(self, size: int) -> None:
+        self._parent._grow(size)
+
+    def _raw_get(self, key: bytes, snapshot: bool) -> bytes | None:
+        return self._parent._raw_get(key, snapshot)
+
+    def _raw_get_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
+        return self._parent._raw_get_many(keys, snapshot)
+
+    def _raw_get_range(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
+    ) -> list[tuple[bytes, bytes]]:
+        return self._parent._raw_get_range(begin, end, limit, reverse, snapshot)
+
+    def _raw_set(self, key: bytes, value: bytes) -> None:
+        self._parent._raw_set(key, value)
+
+    def _raw_set_many(self, keys: list[bytes], values: list[bytes]) -> None:
+        self._parent._raw_set_many(keys, values)
+
+    def _raw_clear(self, key: bytes) -> None:
+        self._parent._raw_clear(key)
+
+    def _raw_clear_range(self, begin: bytes, end: bytes) -> None:
+        self._parent._raw_clear_range(begin, end)
+
+    def _raw_add(self, key: bytes, delta: int) -> None:
+        self._parent._raw_add(key, delta)
+
+    def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None:
+        self._parent._raw_add_many(keys, deltas)
+
+    def _raw_commit(self) -> None:
+        raise TypeError("a scoped view does not commit: commit the transaction it views")
+
+    def _raw_reset(self) -> None:
+        raise TypeError("a scoped view does not reset: reset the transaction it views")
 
 
 class Store(ABC):

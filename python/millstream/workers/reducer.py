@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from millstream import _core
 from millstream.api import Transaction
 from millstream.exceptions import (
+    CommitUnknownResultError,
     MillstreamError,
     RetryableStoreError,
     StoreConflictError,
@@ -41,6 +42,7 @@ from millstream.ledger import (
     write_reducer_state,
 )
 from millstream.ledger.spill import clear_spill, read_spill, spill_pending
+from millstream.outputs import StagedOutputs, finish_publishing, seal_queues
 from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 from millstream.state import Store
 from millstream.state.replay import ReplayingTransaction
@@ -90,6 +92,10 @@ class ReducerWorker:
         self.bytes_fetched = 0
         self.split_brains = 0
         self.superseded_fetches = 0
+        self.rows_emitted = 0
+        """Rows appended to output queues by committed transactions."""
+        self.files_published = 0
+        """Files published to output sinks by committed transactions."""
         """At least once: fetches not committed because their mapper instance was
         superseded."""
         self.last_state: ReducerState | None = None
@@ -484,9 +490,10 @@ class ReducerWorker:
         fetched = sum(map(len, payloads))
         begun = self.clock.now()
         txn = ReplayingTransaction(self.store)
+        outputs = StagedOutputs(self.processor.outputs, f"reducer-{self.index}", self.index)
         try:
             try:
-                self.user.reduce(batch, Transaction(txn))
+                self.user.reduce(batch, Transaction(txn, outputs))
             except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
                 raise
             except Exception as exc:
@@ -519,19 +526,29 @@ class ReducerWorker:
             txn.add(reduced_key(self.index, "rows"), batch.num_rows)
             txn.add(reduced_key(self.index, "bytes"), fetched)
             txn.add(reduced_key(self.index, "commits"), 1)
+            outputs.apply(txn)
             size = txn.write_size
             started = time.perf_counter()
             txn.commit()
             latency = time.perf_counter() - started
         except StoreConflictError:
             txn.reset()
+            outputs.discard()
             self.split_brains += 1
             return False
+        except CommitUnknownResultError:
+            # Its files may be recorded: the next instance, or a reader, publishes them.
+            txn.reset()
+            raise
         except BaseException:
             txn.reset()
+            outputs.discard()
             raise
         finally:
             self.renewals += txn.renewals
+        outputs.publish()
+        self.rows_emitted += outputs.rows_appended
+        self.files_published += outputs.files_staged
         self.last_state = new
         self.last_write_size = size
         self.last_transaction_seconds = self.clock.now() - begun
@@ -557,12 +574,23 @@ class ReducerWorker:
             "bytes_fetched": self.bytes_fetched,
             "split_brains": self.split_brains,
             "superseded_fetches": self.superseded_fetches,
+            "rows_emitted": self.rows_emitted,
+            "files_published": self.files_published,
             "renewals": self.renewals,
             "committed_row_indices": ",".join(map(str, committed)),
             "uptime": self.clock.now() - self.started_at,
             "errors": self.errors,
             "last_error": self.last_error[:500],
         }
+
+    def finish_outputs(self) -> None:
+        """Once the processor drained: seal the output queues and finish publishing.
+
+        Every row is committed by every reducer, so nothing appends to the output queues
+        again: sealing them lets a processor that reads them drain too.
+        """
+        seal_queues(self.processor.outputs)
+        finish_publishing(self.processor.outputs)
 
     def run(self, stop: threading.Event) -> None:
         """Reduce until every mapper is drained or ``stop`` is set: the thin loop.
@@ -580,6 +608,7 @@ class ReducerWorker:
         idle = Backoff(t.idle_seconds, max(t.idle_seconds, min(0.1, t.commit_interval_seconds)))
         cadence = CommitCadence(t)
         last_commit = self.clock.now() - t.commit_interval_seconds
+        finish_publishing(self.processor.outputs)
         while not stop.is_set():
             wait = cadence.interval - (self.clock.now() - last_commit)
             while wait > 0 and not self.capped and not self.gathering and not stop.is_set():
@@ -600,6 +629,7 @@ class ReducerWorker:
                 self.clock.sleep(backoff.next(), stop)
                 continue
             if self.all_drained:
+                self.finish_outputs()
                 return
             if committed:
                 backoff.reset()
