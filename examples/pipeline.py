@@ -1,12 +1,13 @@
-"""A two-stage pipeline: word counts, then the ten most frequent words, exactly once.
+"""A two-stage pipeline: word counts per minute, then the top words of each minute.
 
-Run it with ``python -m examples.pipeline``. The first processor splits a generated text log
-into words (:class:`examples.word_count.SplitWords`) and its reducers append the partial
-counts of each batch to the store queue ``word-counts``, in the transaction that commits
-the batch. The second processor reads that queue: its one reducer folds the counts into
-``("count", word)`` counters and keeps the current top ten words under ``("top",)``. Each
-partial count reaches the second stage exactly once, whatever fails; when the first stage
-drains it seals the queue, and the second drains after it.
+Run it with ``python -m examples.pipeline``. The input is a generated log of timestamped
+text lines (``ts`` in epoch milliseconds, a few seconds out of order). The first processor
+counts words in tumbling one-minute windows of event time (``ms.windows``) and emits each
+closed window's ``(window_start, window_end, word, n)`` rows to the store queue
+``word-counts``, in the transaction that commits it. The second processor reads that queue
+and keeps the ten most frequent words of each minute under ``("top", window_start)``. Each
+count reaches the second stage exactly once, whatever fails; when the first stage drains
+it emits the windows still open and seals the queue, and the second drains after it.
 
 Input and state live under ``MILLSTREAM_EXAMPLE_DIR`` (default
 ``/tmp/millstream-pipeline``); ``MILLSTREAM_EXAMPLE_ROWS`` lines (default 200,000).
@@ -19,57 +20,101 @@ import os
 from pathlib import Path
 
 import millstream as ms
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from examples.word_count import SplitWords, generate
+from examples.word_count import vocabulary
 
 ROOT = Path(os.environ.get("MILLSTREAM_EXAMPLE_DIR", "/tmp/millstream-pipeline"))
 ROWS = int(os.environ.get("MILLSTREAM_EXAMPLE_ROWS", "200000"))
 TOP = 10
+MINUTE = 60_000
+DISORDER_MS = 3_000
 
 
-class CountsToQueue(ms.Reducer):
-    """Folds the partial counts of a batch and appends ``(word, count)`` to the queue."""
+def generate(root: Path, rows: int, partitions: int = 2, seed: int = 13) -> Path:
+    """Write the timestamped text log once: lines 20 ms apart per partition."""
+    data = root / f"events-{rows}-{partitions}"
+    if (data / "_SUCCESS").exists():
+        return data
+    rng = np.random.default_rng(seed)
+    words = np.array(vocabulary(2_000))
+    weights = 1.0 / np.arange(1, len(words) + 1)
+    weights /= weights.sum()
+    per_partition = rows // partitions
+    for p in range(partitions):
+        part = data / f"partition={p}"
+        part.mkdir(parents=True, exist_ok=True)
+        ts = 1_700_000_000_000 + np.arange(per_partition, dtype=np.int64) * 20
+        ts += rng.integers(0, DISORDER_MS + 1, per_partition)
+        lengths = rng.integers(1, 9, per_partition)
+        picked = rng.choice(words, size=int(lengths.sum()), p=weights)
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        lines = [" ".join(picked[bounds[i] : bounds[i + 1]]) for i in range(per_partition)]
+        pq.write_table(pa.table({"ts": ts, "line": lines}), part / "part-00000.parquet")
+    (data / "_SUCCESS").touch()
+    return data
 
-    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        table = pa.Table.from_batches([batch]).group_by("word", use_threads=False)
-        txn.append(
-            "word-counts", table.aggregate([("count", "sum")]).rename_columns(["word", "count"])
+
+def words_with_time(batch: pa.RecordBatch | pa.Table) -> pa.Table:
+    """One ``(ts, word)`` row per word of each line."""
+    split = pc.utf8_split_whitespace(batch["line"])
+    ts = np.repeat(np.asarray(batch["ts"]), np.asarray(pc.list_value_length(split)))
+    return pa.table({"ts": pa.array(ts, pa.int64()), "word": pc.list_flatten(split)})
+
+
+class WordsByMinute(ms.windows.WindowMapper):
+    """Splits lines into timestamped words before the window mapper combines them."""
+
+    def prepare(self, batch: pa.RecordBatch) -> pa.Table:
+        return words_with_time(batch)
+
+
+COUNTS = ms.windows.Windows(
+    time="ts",
+    key="word",
+    size=MINUTE,
+    lateness=DISORDER_MS,
+    aggregates={"n": (None, "count")},
+    output="word-counts",
+)
+
+
+class ByWindow(ms.Mapper):
+    """Routes the first stage's rows by their window, so one reducer sees a whole minute."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        return ms.Partitioned.by_hash(
+            batch, key="window_start", num_reducers=self.spec.num_reducers
         )
 
 
-class ByWord(ms.Mapper):
-    """Routes the first stage's ``(word, count)`` rows by word."""
-
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        return ms.Partitioned.by_hash(batch, key="word", num_reducers=self.spec.num_reducers)
-
-
-def top_words(counts: dict[str, int], n: int = TOP) -> list[tuple[str, int]]:
-    """The ``n`` most frequent words, ties broken by the word."""
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n]
+def top_words(window: pa.Table, n: int = TOP) -> list[tuple[str, int]]:
+    """The ``n`` most frequent words of ``(word, n)`` rows, ties broken by the word."""
+    ordered = window.sort_by([("n", "descending"), ("word", "ascending")]).slice(0, n)
+    return list(zip(ordered["word"].to_pylist(), ordered["n"].to_pylist(), strict=True))
 
 
-class TopWords(ms.Reducer):
-    """Adds the counts to ``("count", word)`` and keeps the top words under ``("top",)``.
+class TopWordsPerMinute(ms.Reducer):
+    """Keeps the top words of each minute under ``("top", window_start)``.
 
-    Counts only grow, so the new top ten are among the old top ten and the words of this
-    batch: one read per word of the batch, none of the other words.
+    Each ``(window, word)`` count arrives once and final, so a minute's top words are the
+    top of its stored top words and the counts that just arrived.
     """
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        table = pa.Table.from_batches([batch]).group_by("word", use_threads=False)
-        sums = table.aggregate([("count", "sum")])
-        words = sums["word"].combine_chunks()
-        deltas = pc.cast(sums["count_sum"].combine_chunks(), pa.int64())
-        before = txn.get_many(("count",), words)
-        txn.add_many(("count",), words, deltas)
-        raw = txn.get(("top",))
-        candidates = dict(json.loads(raw)) if raw is not None else {}
-        for word, delta, old in zip(words.to_pylist(), deltas.to_pylist(), before, strict=True):
-            candidates[word] = (0 if old is None else int.from_bytes(old, "little")) + delta
-        txn.set(("top",), json.dumps(top_words(candidates)).encode())
+        table = pa.Table.from_batches([batch]).select(["window_start", "word", "n"])
+        for start in pc.unique(table["window_start"]).to_pylist():
+            rows = table.filter(pc.equal(table["window_start"], start)).select(["word", "n"])
+            stored = txn.get(("top", start))
+            if stored is not None:
+                words, counts = zip(*json.loads(stored), strict=True)
+                rows = pa.concat_tables(
+                    [rows, pa.table({"word": list(words), "n": pa.array(counts, pa.int64())})]
+                )
+            txn.set(("top", start), json.dumps(top_words(rows)).encode())
 
 
 def make_pipeline(root: Path = ROOT, rows: int = ROWS) -> list[ms.Processor]:
@@ -78,34 +123,40 @@ def make_pipeline(root: Path = ROOT, rows: int = ROWS) -> list[ms.Processor]:
     store = f"sqlite:///{root / f'state-{rows}.db'}"
     counts = ms.inputs.StoreQueue(store, "word-counts", num_partitions=2)
     words = ms.Processor(
-        mapper=SplitWords,
-        reducer=CountsToQueue,
+        mapper=WordsByMinute,
+        reducer=ms.windows.WindowReducer,
         input=ms.inputs.ParquetLog(str(generate(root, rows))),
         store=store,
         num_reducers=2,  # one queue partition per reducer: their appends never conflict
         name="words",
+        config={"windows": COUNTS},
         outputs=[counts],
     )
     top = ms.Processor(
-        mapper=ByWord, reducer=TopWords, input=counts, store=store, num_reducers=1, name="top"
+        mapper=ByWindow,
+        reducer=TopWordsPerMinute,
+        input=counts,
+        store=store,
+        num_reducers=2,
+        name="top",
     )
     return [words, top]
 
 
-def read_top(processor: ms.Processor) -> list[tuple[str, int]]:
-    """The top words the second stage committed."""
+def read_top(processor: ms.Processor) -> dict[int, list[tuple[str, int]]]:
+    """The top words of each minute, as the second stage committed them."""
     store = processor.open_store()
     try:
         with store.read() as txn:
-            raw = txn.get(("out", "top"))
+            rows = txn.get_range_startswith(("out", "top"))
     finally:
         store.close()
-    return [] if raw is None else [(str(w), int(n)) for w, n in json.loads(raw)]
+    return {int(key[-1]): [(str(w), int(n)) for w, n in json.loads(value)] for key, value in rows}
 
 
 if __name__ == "__main__":
     pipeline = make_pipeline()
     for summary in ms.run_local_pipeline(pipeline, progress=True):
         print(summary)
-    for word, count in read_top(pipeline[1]):
-        print(f"{word:>8} {count:,}")
+    for start, words in sorted(read_top(pipeline[1]).items()):
+        print(start, " ".join(f"{word}:{n}" for word, n in words[:5]))

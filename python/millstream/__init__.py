@@ -21,7 +21,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from millstream import exceptions, inputs, outputs
+    from millstream import exceptions, inputs, outputs, windows
     from millstream._core import __version__
     from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
     from millstream.inputs.base import Input, PartitionReader, ReadResult
@@ -48,7 +48,7 @@ _WHERE = {
     "run_local_pipeline": "millstream.runner.local",
     "__version__": "millstream._core",
 }
-_SUBMODULES = ("exceptions", "inputs", "outputs")
+_SUBMODULES = ("exceptions", "inputs", "outputs", "windows")
 
 
 def __getattr__(name: str) -> Any:
@@ -86,4 +86,5 @@ __all__ = [
     "outputs",
     "run_local",
     "run_local_pipeline",
+    "windows",
 ]

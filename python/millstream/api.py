@@ -174,6 +174,10 @@ class Transaction:
         """Atomically add ``delta`` to the int64 counter at ``key``."""
         self._txn.add(self._key(key), delta)
 
+    def clear_prefix(self, prefix: Key) -> None:
+        """Delete every key that starts with ``prefix`` (not ``prefix`` itself)."""
+        self._txn.clear_range_startswith(self._key(prefix))
+
     def get_range(self, prefix: Key, *, limit: int = 0) -> list[tuple[Key, bytes]]:
         """Every ``(key, value)`` whose key starts with ``prefix``, in key order."""
         rows = self._txn.get_range_startswith(self._key(prefix), limit=limit)
@@ -227,6 +231,12 @@ class Transaction:
         """
         table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
         self._staged().append(queue, table, partition)
+
+    def emit(self, output: str, rows: pa.RecordBatch | pa.Table) -> None:
+        """Send ``rows`` to the processor output named ``output``, whatever its kind: a
+        queue's :meth:`append` (default partition) or a sink's :meth:`write_parquet`."""
+        table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
+        self._staged().emit(output, table)
 
     def write_parquet(self, sink: ParquetSink | str, rows: pa.RecordBatch | pa.Table) -> None:
         """Publish ``rows`` as a Parquet file of ``sink`` when (and only if) this commits.
@@ -292,6 +302,16 @@ class Reducer(ABC):
         ``batch`` holds rows from every mapper that had rows for this reducer. If ``reduce``
         raises, nothing of this batch is committed and the worker stops with the rows'
         ranges in the error. Effects outside ``txn`` are not covered by exactly-once.
+        """
+
+    def drain(self, txn: Transaction) -> None:  # noqa: B027 (optional hook)
+        """Called once when the processor drained (every mapper's input ended and every row
+        is committed), in a transaction of its own: flush what ``reduce`` kept pending,
+        such as windows the end of input closes.
+
+        Its writes commit exactly once, with a marker millstream keeps; a reducer restarted
+        after the commit does not call it again. Output queues are sealed only after every
+        reducer's ``drain`` committed.
         """
 
     def on_commit(self) -> None:  # noqa: B027 (optional hook; the default does nothing)

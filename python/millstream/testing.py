@@ -210,7 +210,8 @@ def run_in_process(processor: Processor, *, max_rounds: int = 100_000) -> None:
                 for mapper in mappers:
                     mapper.mark_drained()
                 for reducer in reducers:
-                    reducer.finish_outputs()
+                    while not reducer.finish():
+                        pass
                 return
         raise RuntimeError(
             f"the input did not drain in {max_rounds} rounds; run_in_process needs a bounded "

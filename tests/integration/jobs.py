@@ -209,6 +209,39 @@ class SlowPassThroughMapper(PassThroughMapper):
         return super().map(batch)
 
 
+class SlowWindowMapper(ms.windows.WindowMapper):
+    """:class:`~millstream.windows.WindowMapper` that sleeps ``config["map_seconds"]`` per
+    batch: a stream that lasts long enough for faults injected while it runs."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        time.sleep(float(self.config.get("map_seconds", 0.05)))
+        return super().map(batch)
+
+
+def write_event_input(
+    root: Path, rows: int, *, partitions: int = 2, disorder_ms: int = 5_000, seed: int = 7
+) -> Path:
+    """Parquet files of ``(ts int64 ms, key int64, value int64)`` under
+    ``root/partition=p/``: about 100 rows a second per partition, each up to
+    ``disorder_ms`` out of order."""
+    rng = np.random.default_rng(seed)
+    per_partition = rows // partitions
+    for p in range(partitions):
+        part = root / f"partition={p}"
+        part.mkdir(parents=True, exist_ok=True)
+        ts = np.arange(per_partition, dtype=np.int64) * 10
+        ts += rng.integers(0, disorder_ms + 1, per_partition)
+        keys = rng.integers(0, 50, per_partition, dtype=np.int64)
+        values = rng.integers(-1000, 1000, per_partition, dtype=np.int64)
+        for f, start in enumerate(range(0, per_partition, 10_000)):
+            stop = min(per_partition, start + 10_000)
+            table = pa.table(
+                {"ts": ts[start:stop], "key": keys[start:stop], "value": values[start:stop]}
+            )
+            pq.write_table(table, part / f"part-{f:05d}.parquet")
+    return root
+
+
 FAST = ms.Tuning(
     batch_rows=3_000,
     commit_interval_seconds=0.05,

@@ -59,7 +59,7 @@ def test_keyed_sum_example_from_the_command_line(tmp_path: Path) -> None:
     assert rerun == expected
 
 
-def test_pipeline_example_finds_the_top_words(tmp_path: Path) -> None:
+def test_pipeline_example_finds_the_top_words_of_each_minute(tmp_path: Path) -> None:
     rows = 40_000
     env = {
         **os.environ,
@@ -78,11 +78,20 @@ def test_pipeline_example_finds_the_top_words(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("drained:") == 2, run.stdout
-    from examples.pipeline import top_words
+    from examples import pipeline
 
-    lines = pq.ParquetDataset(sorted(str(p) for p in tmp_path.glob("text-*/*/*.parquet")))
-    words = pc.list_flatten(pc.utf8_split_whitespace(lines.read()["line"]))
-    counts = pc.value_counts(words.filter(pc.not_equal(pc.utf8_length(words), 0)))
-    expected = top_words({str(c["values"]): int(c["counts"]) for c in counts.to_pylist()})
-    printed = [line.split() for line in run.stdout.splitlines()[-len(expected) :]]
-    assert [(w, int(n.replace(",", ""))) for w, n in printed] == expected
+    lines = pq.ParquetDataset(sorted(str(p) for p in tmp_path.glob("events-*/*/*.parquet")))
+    words = pipeline.words_with_time(lines.read())
+    minutes = pc.multiply(pc.divide(words["ts"], pipeline.MINUTE), pipeline.MINUTE)
+    counts = (
+        words.append_column("window_start", minutes)
+        .group_by(["window_start", "word"])
+        .aggregate([([], "count_all")])
+        .rename_columns(["window_start", "word", "n"])
+    )
+    expected = {
+        start: pipeline.top_words(counts.filter(pc.equal(counts["window_start"], start)))
+        for start in pc.unique(counts["window_start"]).to_pylist()
+    }
+    got = pipeline.read_top(pipeline.make_pipeline(tmp_path, rows)[1])
+    assert got == expected

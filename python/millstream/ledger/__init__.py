@@ -48,6 +48,7 @@ from millstream.ledger.processor import (
 )
 from millstream.ledger.reducer import (
     ReducerState,
+    drained_marker_key,
     read_reducer_state,
     reduced_key,
     reducer_state_key,
@@ -70,6 +71,7 @@ __all__ = [
     "WorkerInfo",
     "check_processor_info",
     "drained_key",
+    "drained_marker_key",
     "freshest_workers",
     "list_workers",
     "mapped_key",

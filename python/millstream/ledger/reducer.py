@@ -64,3 +64,8 @@ def write_reducer_state(txn: StoreTransaction, reducer_index: int, state: Reduce
 def reduced_key(reducer_index: int, what: str) -> tuple[str, str, int, str]:
     """Counter key of a reducer's committed totals (``rows``, ``bytes``, ``commits``)."""
     return (*SYSTEM, "reduced", reducer_index, what)
+
+
+def drained_marker_key(reducer_index: int) -> tuple[str, str, int]:
+    """Present once reducer ``reducer_index`` committed its ``Reducer.drain`` transaction."""
+    return (*SYSTEM, "reducer-drained", reducer_index)

@@ -120,6 +120,24 @@ class StagedOutputs:
         if rows.num_rows:
             self._files.append((target, rows))
 
+    def emit(self, name: str, rows: pa.Table) -> None:
+        """Hold rows for the output named ``name``, a queue or a sink."""
+        found = [output for output in self._outputs if output.name == name]
+        if len(found) > 1:
+            raise ConfigurationError(
+                f"both a queue and a sink are named {name!r}: use append or write_parquet"
+            )
+        if not found:
+            declared = ", ".join(f"{type(o).__name__} {o.name!r}" for o in self._outputs)
+            raise ConfigurationError(
+                f"no output is named {name!r} (declared: {declared or 'none'}); declare it: "
+                "Processor(..., outputs=[...])"
+            )
+        if isinstance(found[0], StoreQueue):
+            self.append(found[0], rows, None)
+        else:
+            self.write_parquet(found[0], rows)
+
     def apply(self, txn: StoreTransaction) -> None:
         """Append the queues' rows and stage and record the files, all in ``txn``."""
         for queue, partition, rows in self._appends:

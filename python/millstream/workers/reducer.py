@@ -34,6 +34,7 @@ from millstream.ledger import (
     ReducerState,
     WorkerInfo,
     drained_key,
+    drained_marker_key,
     list_workers,
     read_numbering,
     read_reducer_state,
@@ -583,14 +584,63 @@ class ReducerWorker:
             "last_error": self.last_error[:500],
         }
 
-    def finish_outputs(self) -> None:
-        """Once the processor drained: seal the output queues and finish publishing.
+    def finish(self) -> bool:
+        """Once the processor drained: the user's ``drain`` transaction (once), then the
+        outputs. Returns False when the drain transaction lost a conflict (call again).
 
-        Every row is committed by every reducer, so nothing appends to the output queues
-        again: sealing them lets a processor that reads them drain too.
+        Every row is committed by every reducer; once every reducer's ``drain`` committed
+        too, nothing appends to the output queues again, and the last reducer to get
+        there seals them, so that a processor reading them drains too.
+
+        Raises:
+            UserCodeError: ``drain`` raised; nothing of it was committed.
         """
-        seal_queues(self.processor.outputs)
+        if not self._commit_drain():
+            return False
+        reducers = range(self.processor.num_reducers)
+        with self.store.read() as txn:
+            everyone = all(txn.get(drained_marker_key(r)) is not None for r in reducers)
+        if everyone:
+            seal_queues(self.processor.outputs)
         finish_publishing(self.processor.outputs)
+        return True
+
+    def _commit_drain(self) -> bool:
+        """Run ``Reducer.drain`` in a transaction with this reducer's drained marker."""
+        txn = ReplayingTransaction(self.store)
+        outputs = StagedOutputs(self.processor.outputs, f"reducer-{self.index}", self.index)
+        try:
+            if txn.get(drained_marker_key(self.index)) is not None:
+                txn.reset()
+                return True
+            try:
+                self.user.drain(Transaction(txn, outputs))
+            except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
+                raise
+            except Exception as exc:
+                raise UserCodeError(
+                    f"drain of reducer {self.index} raised: {exc!r}. Nothing of it was "
+                    "committed; fix the reducer and restart the processor"
+                ) from exc
+            txn.set(drained_marker_key(self.index), b"")
+            outputs.apply(txn)
+            txn.commit()
+        except StoreConflictError:
+            txn.reset()
+            outputs.discard()
+            return False
+        except CommitUnknownResultError:
+            txn.reset()
+            raise
+        except BaseException:
+            txn.reset()
+            outputs.discard()
+            raise
+        outputs.publish()
+        self.rows_emitted += outputs.rows_appended
+        self.files_published += outputs.files_staged
+        self._notify_commit()
+        return True
 
     def run(self, stop: threading.Event) -> None:
         """Reduce until every mapper is drained or ``stop`` is set: the thin loop.
@@ -628,8 +678,7 @@ class ReducerWorker:
                 self._note_error("store", exc)
                 self.clock.sleep(backoff.next(), stop)
                 continue
-            if self.all_drained:
-                self.finish_outputs()
+            if self.all_drained and self.finish():
                 return
             if committed:
                 backoff.reset()

@@ -1,0 +1,205 @@
+"""The windowed aggregation's reducer: merges partials of open windows, follows the
+watermark, emits each window once when it closes.
+
+State, kept in memory and written in every commit (under the reducer's own keys of the
+output keyspace, so it commits with the reducer's indices or not at all):
+
+- ``("~windows", r, "partial", window_start, key)``: the partials of an open window, as one
+  fixed-width value (:func:`~millstream.windows.partials.encode`); only the keys a batch
+  changed are written, and a window's keys are cleared when it is emitted;
+- ``("~windows", r, "watermarks")``: the latest event time each mapper reported;
+- ``("~windows", r, "schema")``: the partial table's schema and the time column's type;
+- ``("~windows", r, "late")``: rows dropped because their window had been emitted.
+
+The memory copy is the store's as of the last commit: after a commit that failed, or one
+whose outcome is unknown, it is read again from the store before the next batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from millstream.api import Reducer, Transaction
+from millstream.ledger import OUTPUT
+from millstream.state.keys import decode_int64, pack, unpack
+from millstream.windows.mapper import MAPPER, WATERMARK
+from millstream.windows.partials import START, Plan, decode, encode, finish, merge
+from millstream.windows.spec import Windows
+
+if TYPE_CHECKING:
+    from millstream.processor import Processor
+
+_NO_TIME = -(2**63)
+
+
+class _State:
+    """Open windows' partials, the mappers' watermarks and the time column's type."""
+
+    def __init__(self, open_: pa.Table | None, marks: dict[int, int], kind: pa.DataType | None):
+        self.open = open_
+        self.marks = marks
+        self.kind = kind
+
+
+class WindowReducer(Reducer):
+    """Merges the partials of :class:`~millstream.windows.WindowMapper` per window and key
+    and emits every window once, when the watermark passes its end by the lateness (or
+    when the processor drains), to the output ``Windows.output`` names.
+
+    The watermark is the smallest, over all mappers, of the latest event time each has
+    read: a mapper that has sent nothing yet, or is down, holds every window open until it
+    reports (as in Flink, an idle input holds the watermark).
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._state: _State | None = None
+        self._pending: _State | None = None
+        self.late_rows = 0
+
+    @property
+    def windows(self) -> Windows:
+        """The aggregation, from ``config["windows"]``."""
+        windows = self.config["windows"]
+        assert isinstance(windows, Windows)
+        return windows
+
+    def _space(self, *rest: object) -> tuple[object, ...]:
+        return ("~windows", self.spec.index, *rest)
+
+    # -- the store copy ----------------------------------------------------------------------
+
+    def _load(self, txn: Transaction, plan: Plan) -> _State:
+        raw = txn.get(self._space("watermarks"))
+        marks = {} if raw is None else dict(zip(*[iter(unpack(raw))] * 2, strict=True))
+        schema_raw = txn.get(self._space("schema"))
+        if schema_raw is None:
+            return _State(None, {int(m): int(t) for m, t in marks.items()}, None)
+        schema = pa.ipc.read_schema(pa.py_buffer(schema_raw))
+        kind = schema.field(WATERMARK).type
+        partial_schema = pa.schema([f for f in schema if f.name != WATERMARK])
+        rows = txn.get_range(self._space("partial"))
+        if rows:
+            starts = pa.array([int(key[-2]) for key, _ in rows], pa.int64())
+            keys = pa.array([key[-1] for key, _ in rows], partial_schema.field(plan.key).type)
+            columns = {START: starts, plan.key: keys, **decode([v for _, v in rows], schema, plan)}
+            open_ = pa.table(columns, schema=partial_schema)
+        else:
+            open_ = partial_schema.empty_table()
+        return _State(open_, {int(m): int(t) for m, t in marks.items()}, kind)
+
+    # -- reduce ------------------------------------------------------------------------------
+
+    def reduce(self, batch: pa.RecordBatch, txn: Transaction) -> None:
+        windows = self.windows
+        plan = Plan.of(windows)
+        if self._state is None or self._pending is not None:
+            # First batch, or the last one's commit was not confirmed: the store is right.
+            self._state = self._load(txn, plan)
+            self._pending = None
+        state = self._state
+        table = pa.Table.from_batches([batch])
+        is_mark = pc.is_valid(table[MAPPER])
+        marks_rows = table.filter(is_mark)
+        partials = table.filter(pc.invert(is_mark)).drop_columns([MAPPER, WATERMARK])
+        kind = state.kind or table.schema.field(WATERMARK).type
+        size, _, lateness = windows.ticks(kind)
+        closed_before = self._watermark(state.marks)
+        late = 0
+        if closed_before is not None and partials.num_rows:
+            ends = pc.add(partials[START], size + lateness)
+            keep = pc.greater(ends, closed_before)
+            late = partials.num_rows - pc.sum(keep).as_py() if partials.num_rows else 0
+            partials = partials.filter(keep)
+        marks = dict(state.marks)
+        if marks_rows.num_rows:
+            got = marks_rows.group_by(MAPPER, use_threads=False).aggregate([(WATERMARK, "max")])
+            for m, t in zip(
+                got[MAPPER].to_pylist(),
+                pc.cast(got[f"{WATERMARK}_max"], pa.int64()).to_pylist(),
+                strict=True,
+            ):
+                marks[int(m)] = max(marks.get(int(m), _NO_TIME), int(t))
+        parts = [p for p in (state.open, partials) if p is not None and p.num_rows]
+        merged = merge(parts, plan) if parts else partials
+        watermark = self._watermark(marks)
+        if watermark is not None and merged.num_rows:
+            closing = pc.less_equal(pc.add(merged[START], size + lateness), watermark)
+        else:
+            closing = pa.array(np.zeros(merged.num_rows, dtype=bool))
+        done = merged.filter(closing)
+        still_open = merged.filter(pc.invert(closing))
+        if done.num_rows:
+            self._emit(txn, finish(done, windows, plan, kind))
+            for start in pc.unique(done[START]).to_pylist():
+                txn.clear_prefix(self._space("partial", start))
+        changed = still_open
+        if partials.num_rows:
+            touched = partials.select([START, plan.key])
+            changed = still_open.join(
+                touched.group_by([START, plan.key]).aggregate([]),
+                [START, plan.key],
+                join_type="inner",
+            )
+        self._write_partials(txn, changed, plan)
+        if state.kind is None:
+            schema = merged.schema.append(pa.field(WATERMARK, kind))
+            txn.set(self._space("schema"), schema.serialize().to_pybytes())
+        txn.set(
+            self._space("watermarks"), pack(tuple(v for m in sorted(marks) for v in (m, marks[m])))
+        )
+        if late:
+            txn.add(self._space("late"), late)
+        self._pending = _State(still_open, marks, kind)
+        self.late_rows += late
+
+    def _write_partials(self, txn: Transaction, table: pa.Table, plan: Plan) -> None:
+        if not table.num_rows:
+            return
+        for start in pc.unique(table[START]).to_pylist():
+            rows = table.filter(pc.equal(table[START], start))
+            txn.set_many(
+                self._space("partial", start), rows[plan.key].combine_chunks(), encode(rows, plan)
+            )
+
+    def _watermark(self, marks: dict[int, int]) -> int | None:
+        if len(marks) < self.spec.num_mappers:
+            return None
+        return min(marks.values())
+
+    def _emit(self, txn: Transaction, results: pa.Table) -> None:
+        txn.emit(self.windows.output, results)
+
+    def on_commit(self) -> None:
+        if self._pending is not None:
+            self._state, self._pending = self._pending, None
+
+    def drain(self, txn: Transaction) -> None:
+        """The end of input closes every window still open."""
+        windows = self.windows
+        plan = Plan.of(windows)
+        if self._state is None or self._pending is not None:
+            self._state = self._load(txn, plan)
+            self._pending = None
+        state = self._state
+        if state.open is not None and state.open.num_rows and state.kind is not None:
+            self._emit(txn, finish(state.open, windows, plan, state.kind))
+            txn.clear_prefix(self._space("partial"))
+        self._pending = _State(
+            None if state.open is None else state.open.slice(0, 0), state.marks, state.kind
+        )
+
+
+def late_rows(processor: Processor) -> int:
+    """Rows the processor's window reducers dropped because their window had been emitted."""
+    store = processor.open_store()
+    try:
+        with store.read() as txn:
+            raw = [txn.get((*OUTPUT, "~windows", r, "late")) for r in range(processor.num_reducers)]
+    finally:
+        store.close()
+    return sum(decode_int64(value) for value in raw if value is not None)

@@ -1,0 +1,126 @@
+"""What a windowed aggregation computes: windows over a time column, a key, aggregates."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from millstream.exceptions import ConfigurationError
+
+FUNCTIONS = ("count", "sum", "min", "max", "mean")
+"""The built-in aggregate functions."""
+
+Span = int | dt.timedelta
+"""A length of event time: ticks of an int64 time column, or a timedelta (for a timestamp
+column, converted to its unit)."""
+
+
+@dataclass(frozen=True)
+class Windows:
+    """A windowed aggregation per key over event time, emitted once per closed window.
+
+    Rows are assigned to windows by their ``time`` column: tumbling windows
+    ``[k * size, (k + 1) * size)`` when ``slide`` is None, else sliding windows of
+    ``size`` starting every ``slide``. Per window and key, ``aggregates`` are computed;
+    a window is emitted, once, when the watermark (the smallest over mappers of the latest
+    event time each has read) passes its end by ``lateness``. A row that arrives for a
+    window already emitted is dropped and counted (``late_rows``). When the processor
+    drains, every window still open is emitted.
+
+    Args:
+        time: The event-time column: int64 (ticks of your choice, e.g. epoch
+            milliseconds) or a timestamp.
+        key: The key column (int64 or string); ``None``: one global key.
+        size: The window's length.
+        slide: Sliding windows start every ``slide`` (which divides ``size``); None:
+            tumbling windows.
+        lateness: How far behind the watermark a row may be and still count.
+        aggregates: Output column -> ``(input column, function)``, function one of
+            ``count``, ``sum``, ``min``, ``max``, ``mean`` (``count`` may take ``None`` as
+            its column: every row). Input columns must have no nulls.
+        output: Name of the processor output (a ``StoreQueue`` or a ``ParquetSink`` in
+            ``Processor(outputs=...)``) the closed windows go to, as rows
+            ``(window_start, window_end, key, *aggregates)``.
+        finish: A user function applied to each table of closed windows before it is
+            emitted (derived columns, filters); it must return a table.
+    """
+
+    time: str
+    key: str | None
+    size: Span
+    aggregates: Mapping[str, tuple[str | None, str]]
+    output: str
+    slide: Span | None = None
+    lateness: Span = 0
+    finish: Callable[[pa.Table], pa.Table] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.aggregates:
+            raise ConfigurationError("Windows needs at least one aggregate")
+        for name, (column, function) in self.aggregates.items():
+            if function not in FUNCTIONS:
+                raise ConfigurationError(
+                    f"aggregate {name!r}: function must be one of {FUNCTIONS}, got {function!r}"
+                )
+            if column is None and function != "count":
+                raise ConfigurationError(f"aggregate {name!r}: {function} needs a column")
+        reserved = {"window_start", "window_end", self.key}
+        clash = reserved.intersection(self.aggregates)
+        if clash:
+            raise ConfigurationError(f"aggregate names {sorted(map(str, clash))} are taken")
+        for what, span in (("size", self.size), ("slide", self.slide), ("lateness", self.lateness)):
+            if span is None:
+                continue
+            if not isinstance(span, int | dt.timedelta):
+                raise ConfigurationError(f"{what} must be an int or a timedelta, got {span!r}")
+            if what != "lateness" and _positive(span) <= 0:
+                raise ConfigurationError(f"{what} must be positive, got {span!r}")
+            if what == "lateness" and _positive(span) < 0:
+                raise ConfigurationError(f"lateness must be >= 0, got {span!r}")
+
+    @property
+    def tumbling(self) -> bool:
+        """Whether windows do not overlap."""
+        return self.slide is None
+
+    def ticks(self, kind: pa.DataType) -> tuple[int, int, int]:
+        """``(size, slide, lateness)`` in ticks of a time column of type ``kind``.
+
+        Raises:
+            ConfigurationError: The time column's type is not int64 or timestamp, a
+                timedelta is given for an int64 column, or slide does not divide size.
+        """
+        size = _ticks(self.size, kind, "size")
+        slide = size if self.slide is None else _ticks(self.slide, kind, "slide")
+        lateness = _ticks(self.lateness, kind, "lateness")
+        if size % slide:
+            raise ConfigurationError(f"slide ({self.slide}) must divide size ({self.size})")
+        return size, slide, lateness
+
+
+def _positive(span: Span) -> float:
+    return span.total_seconds() if isinstance(span, dt.timedelta) else span
+
+
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _ticks(span: Span, kind: pa.DataType, what: str) -> int:
+    if pa.types.is_timestamp(kind):
+        if isinstance(span, int):
+            return span
+        per_second = _PER_SECOND[kind.unit]
+        return int(span / dt.timedelta(microseconds=1)) * per_second // 1_000_000
+    if pa.types.is_integer(kind):
+        if isinstance(span, dt.timedelta):
+            raise ConfigurationError(
+                f"{what} is a timedelta but the time column is {kind}: give it in the "
+                "column's ticks (an int), or make the column a timestamp"
+            )
+        return span
+    raise ConfigurationError(
+        f"the time column must be an integer or a timestamp column, got {kind}"
+    )

@@ -1,0 +1,223 @@
+"""Event-time windows in one process: results equal pyarrow's over the same rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import millstream as ms
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from millstream.outputs import ParquetSink
+from millstream.testing import MemoryInput, run_in_process
+
+MINUTE = 60_000
+
+
+def stream(partitions: int, rows: int, *, disorder: int, seed: int = 5) -> list[pa.Table]:
+    """Rows about 10 ms apart per partition, each up to ``disorder`` ms out of order."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(partitions):
+        ts = np.arange(rows, dtype=np.int64) * 10 + rng.integers(0, disorder + 1, rows)
+        keys = rng.integers(0, 20, rows, dtype=np.int64)
+        values = rng.integers(-100, 100, rows, dtype=np.int64)
+        out.append(pa.table({"ts": ts, "key": keys, "value": values}))
+    return out
+
+
+def expected(tables: list[pa.Table], size: int, slide: int) -> pa.Table:
+    """Windows, key, count, sum, min, max and mean computed with pyarrow alone."""
+    rows = pa.concat_tables(tables)
+    parts = []
+    for offset in range(0, size, slide):
+        ts = rows["ts"].to_numpy()
+        starts = (ts // slide) * slide - offset
+        inside = (starts <= ts) & (ts < starts + size)
+        part = rows.filter(pa.array(inside)).append_column("window_start", pa.array(starts[inside]))
+        parts.append(part)
+    grouped = (
+        pa.concat_tables(parts)
+        .group_by(["window_start", "key"])
+        .aggregate(
+            [
+                ([], "count_all"),
+                ("value", "sum"),
+                ("value", "min"),
+                ("value", "max"),
+                ("value", "mean"),
+            ]
+        )
+    )
+    return grouped.sort_by([("window_start", "ascending"), ("key", "ascending")])
+
+
+AGGREGATES = {
+    "n": (None, "count"),
+    "total": ("value", "sum"),
+    "low": ("value", "min"),
+    "high": ("value", "max"),
+    "avg": ("value", "mean"),
+}
+
+
+def _run(
+    tmp_path: Path, tables: list[pa.Table], windows: ms.windows.Windows, late: int = 0
+) -> pa.Table:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    processor = ms.Processor(
+        mapper=ms.windows.WindowMapper,
+        reducer=ms.windows.WindowReducer,
+        input=MemoryInput(tables),
+        store=url,
+        num_reducers=2,
+        config={"windows": windows},
+        outputs=[sink],
+        tuning=ms.Tuning(batch_rows=500),
+    )
+    run_in_process(processor)
+    assert ms.windows.late_rows(processor) == late
+    return sink.read().sort_by([("window_start", "ascending"), ("key", "ascending")])
+
+
+def _check(got: pa.Table, want: pa.Table, size: int) -> None:
+    assert got["window_start"].to_pylist() == want["window_start"].to_pylist()
+    assert got["window_end"].to_pylist() == [s + size for s in want["window_start"].to_pylist()]
+    assert got["key"].to_pylist() == want["key"].to_pylist()
+    assert got["n"].to_pylist() == want["count_all"].to_pylist()
+    assert got["total"].to_pylist() == want["value_sum"].to_pylist()
+    assert got["low"].to_pylist() == want["value_min"].to_pylist()
+    assert got["high"].to_pylist() == want["value_max"].to_pylist()
+    assert np.allclose(got["avg"].to_numpy(), want["value_mean"].to_numpy())
+
+
+def test_tumbling_windows_equal_pyarrows(tmp_path: Path) -> None:
+    tables = stream(2, 20_000, disorder=2_000)
+    windows = ms.windows.Windows(
+        time="ts", key="key", size=MINUTE, lateness=2_000, aggregates=AGGREGATES, output="windows"
+    )
+    _check(_run(tmp_path, tables, windows), expected(tables, MINUTE, MINUTE), MINUTE)
+
+
+def test_sliding_windows_equal_pyarrows(tmp_path: Path) -> None:
+    tables = stream(2, 6_000, disorder=500)
+    windows = ms.windows.Windows(
+        time="ts",
+        key="key",
+        size=MINUTE,
+        slide=MINUTE // 4,
+        lateness=500,
+        aggregates=AGGREGATES,
+        output="windows",
+    )
+    _check(_run(tmp_path, tables, windows), expected(tables, MINUTE, MINUTE // 4), MINUTE)
+
+
+def test_rows_later_than_the_lateness_are_dropped_and_counted(tmp_path: Path) -> None:
+    tables = stream(1, 20_000, disorder=0)
+    late = pa.table(
+        {"ts": pa.array([5], pa.int64()), "key": pa.array([1], pa.int64()), "value": [7]}
+    )
+    tables = [pa.concat_tables([tables[0], late])]
+    windows = ms.windows.Windows(
+        time="ts", key="key", size=MINUTE, aggregates=AGGREGATES, output="windows"
+    )
+    got = _run(tmp_path, tables, windows, late=1)
+    _check(got, expected([tables[0].slice(0, 20_000)], MINUTE, MINUTE), MINUTE)
+
+
+def test_timestamp_columns_and_timedeltas(tmp_path: Path) -> None:
+    tables = [
+        t.set_column(0, "ts", pc.cast(t["ts"], pa.timestamp("ms")))
+        for t in stream(2, 6_000, disorder=100)
+    ]
+    windows = ms.windows.Windows(
+        time="ts",
+        key="key",
+        size=dt.timedelta(minutes=1),
+        lateness=dt.timedelta(seconds=1),
+        aggregates={"n": (None, "count")},
+        output="windows",
+    )
+    got = _run(tmp_path, tables, windows)
+    assert got.schema.field("window_start").type == pa.timestamp("ms")
+    assert pc.sum(got["n"]).as_py() == 12_000
+
+
+def test_bad_windows_are_refused() -> None:
+    with pytest.raises(ms.exceptions.ConfigurationError, match="function must be one of"):
+        ms.windows.Windows(
+            time="ts", key="k", size=1, aggregates={"x": ("v", "median")}, output="o"
+        )
+    with pytest.raises(ms.exceptions.ConfigurationError, match="size must be positive"):
+        ms.windows.Windows(
+            time="ts", key="k", size=0, aggregates={"n": (None, "count")}, output="o"
+        )
+
+
+def test_a_commit_that_failed_leaves_the_windows_as_the_store_has_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from millstream.state.replay import ReplayingTransaction
+
+    real = ReplayingTransaction.commit
+    calls = 0
+
+    def every_third_conflicts(self: ReplayingTransaction) -> None:
+        nonlocal calls
+        calls += 1
+        if calls % 3 == 0:
+            raise ms.exceptions.StoreConflictError("another instance committed first")
+        real(self)
+
+    monkeypatch.setattr(ReplayingTransaction, "commit", every_third_conflicts)
+    tables = stream(2, 20_000, disorder=2_000)
+    windows = ms.windows.Windows(
+        time="ts", key="key", size=MINUTE, lateness=2_000, aggregates=AGGREGATES, output="windows"
+    )
+    got = _run(tmp_path, tables, windows)
+    assert calls > 6
+    _check(got, expected(tables, MINUTE, MINUTE), MINUTE)
+
+
+def test_a_commit_that_landed_unconfirmed_is_read_back_from_the_store(tmp_path: Path) -> None:
+    """The commit of the first batch lands but its outcome is unknown (``on_commit`` is
+    not called): the reducer must read the windows back before merging the next batch."""
+    from millstream.outputs import StagedOutputs
+    from millstream.state import open_store
+
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    tables = stream(1, 3_000, disorder=0)
+    windows = ms.windows.Windows(
+        time="ts", key=None, size=MINUTE, aggregates={"n": (None, "count")}, output="windows"
+    )
+    config = {"windows": windows}
+    mapper = ms.windows.WindowMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), config)
+    reducer = ms.windows.WindowReducer(ms.WorkerSpec("p", "reducer", 0, "r", 1, 1), config)
+    store = open_store(url, prefix=("p",))
+    batches = [mapper.map(b).batch for b in tables[0].slice(0, 1_000).to_batches()]
+    batches += [mapper.map(b).batch for b in tables[0].slice(1_000).to_batches(max_chunksize=1_000)]
+
+    def commit(call: str, batch: pa.RecordBatch | None = None) -> None:
+        txn = store.create_transaction()
+        outputs = StagedOutputs([sink], "reducer-0", 0)
+        if batch is None:
+            reducer.drain(ms.Transaction(txn, outputs))
+        else:
+            reducer.reduce(batch, ms.Transaction(txn, outputs))
+        outputs.apply(txn)
+        txn.commit()
+        outputs.publish()
+        if call == "confirmed":
+            reducer.on_commit()
+
+    commit("unknown", batches[0])
+    for batch in batches[1:]:
+        commit("confirmed", batch)
+    commit("confirmed")
+    assert pc.sum(sink.read()["n"]).as_py() == 3_000
+    store.close()
