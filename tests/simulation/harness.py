@@ -161,15 +161,25 @@ class SimMapper(ms.Mapper):
 EFFECT = ("effect",)
 
 
+EMITTED = "emitted"
+"""The output queue every reducer appends its effects to (a pipeline's first stage)."""
+
+
 class SimReducer(ms.Reducer):
-    """Applies one counter increment per mapped row received, through the commit transaction."""
+    """Applies one counter increment per mapped row received, through the commit
+    transaction, and appends the same effects to the output queue :data:`EMITTED`: the
+    queue must hold every effect as often as its counter counts it."""
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        emitted: list[int] = []
         for m, items in zip(
             batch.column("mapper").to_pylist(), batch.column("items").to_pylist(), strict=True
         ):
             for code in items:
                 txn.add((*EFFECT, m, code // COPIES, code % COPIES), 1)
+                emitted.append(m * 1_000_000 + code)
+        if self.config.get("emit"):
+            txn.append(EMITTED, pa.table({"effect": pa.array(emitted, pa.int64())}))
 
 
 # -- time ----------------------------------------------------------------------------
@@ -856,6 +866,11 @@ class SimConfig:
     acknowledge_commits: bool = True
     memory_limit_bytes: int = 4096
     delivery: str = "exactly_once"
+    emit: bool = False
+    """Reducers also append their effects to an output queue (a pipeline's first stage),
+    whose contents are checked against the effects. Off in some runs: the queue's end key
+    makes duplicate reducers' commits conflict, which would hide bugs of the reducer's own
+    guards from the simulation."""
 
     @property
     def at_least_once(self) -> bool:
@@ -873,14 +888,21 @@ class Simulation:
         self.dir = tempfile.mkdtemp(prefix="millstream-sim-")
         self.partitions = [SimPartition(m, t, visible=t // 2) for m, t in enumerate(totals)]
         self.oracle = Oracle(totals, config.num_reducers, config.preaggregate)
+        url = f"sqlite:///{os.path.join(self.dir, 'sim.db')}?synchronous=normal"
+        self.emitted = StoreQueue(url, EMITTED, config.num_reducers, prefix=("sim",))
         self.processor = Processor(
             mapper=SimMapper,
             reducer=SimReducer,
             input=SimInput(self.partitions),
-            store=f"sqlite:///{os.path.join(self.dir, 'sim.db')}?synchronous=normal",
+            outputs=[self.emitted] if config.emit else [],
+            store=url,
             num_reducers=config.num_reducers,
             name="sim",
-            config={"preaggregate": config.preaggregate, "observe": self.oracle.observe},
+            config={
+                "preaggregate": config.preaggregate,
+                "observe": self.oracle.observe,
+                "emit": config.emit,
+            },
             tuning=ms.Tuning(
                 batch_rows=config.batch_rows,
                 memory_limit_bytes=config.memory_limit_bytes,
@@ -915,6 +937,7 @@ class Simulation:
             self.start_reducer(r)
 
     def close(self) -> None:
+        self.emitted.close()
         self.raw.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -1547,6 +1570,31 @@ class Simulation:
 
     # -- observation ----------------------------------------------------------------
 
+    def read_emitted(self) -> Counter[tuple[int, int, int]]:
+        """How often each effect was appended to the output queue."""
+        found: Counter[tuple[int, int, int]] = Counter()
+        for p in range(self.R):
+            at, end = 0, self.emitted.end_row_index(p)
+            while at < end:
+                batch = self.emitted.read(p, at, end - at).batch
+                assert batch is not None, f"output queue partition {p} has no row {at}"
+                for value in batch.column("effect").to_pylist():
+                    m, code = divmod(value, 1_000_000)
+                    found[(m, code // COPIES, code % COPIES)] += 1
+                at += batch.num_rows
+        return found
+
+    def _check_emitted(self, effects: Counter[tuple[int, int, int]]) -> None:
+        if not self.config.emit:
+            return
+        emitted = self.read_emitted()
+        counted = Counter({k: v for k, v in effects.items() if v})
+        assert emitted == counted, (
+            "the output queue differs from the effects committed with it: "
+            f"{sorted((emitted - counted).items())[:5]} only in the queue, "
+            f"{sorted((counted - emitted).items())[:5]} only in the effects"
+        )
+
     def read_store(self) -> tuple[list[tuple[int, ...]], list[Any], Counter[tuple[int, int, int]]]:
         txn = self.raw.create_transaction()
         try:
@@ -1588,6 +1636,7 @@ class Simulation:
             self.check_at_least_once()
             return
         states, mstates, effects = self.read_store()
+        self._check_emitted(effects)
         twice = {k: v for k, v in effects.items() if v != 1}
         assert not twice, f"effects applied other than once: {sorted(twice.items())[:10]}"
         oracle = self.oracle
@@ -1657,6 +1706,7 @@ class Simulation:
         backwards, and every window keeps its accounting.
         """
         states, mstates, effects = self.read_store()
+        self._check_emitted(effects)
         for r, committed in enumerate(states):
             for m, c in enumerate(committed):
                 assert c >= self.max_committed[r][m], (

@@ -82,6 +82,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         commit_max_rows=st.integers(1, 8),
         preaggregate=st.booleans(),
         acknowledge_commits=st.booleans(),
+        emit=st.booleans(),
     )
     def setup(
         self,
@@ -90,6 +91,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         commit_max_rows: int,
         preaggregate: bool,
         acknowledge_commits: bool,
+        emit: bool,
     ) -> None:
         self.sim = Simulation(
             SimConfig(
@@ -100,6 +102,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 preaggregate=preaggregate,
                 acknowledge_commits=acknowledge_commits,
                 delivery=self.DELIVERY,
+                emit=emit,
             )
         )
 

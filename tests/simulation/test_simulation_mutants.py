@@ -30,6 +30,7 @@ from millstream.ledger import (
     write_numbering,
     write_reducer_state,
 )
+from millstream.outputs import StagedOutputs
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers import reducer as reducer_module
@@ -237,6 +238,14 @@ def _snapshot_state_read(
     return ReducerState(tuple(int(i) for i in unpack(raw)))
 
 
+def _append_outside_the_commit(self: StagedOutputs, txn: StoreTransaction) -> None:
+    """Mutant: the reducer appends its output rows in transactions of their own (as a
+    producer would) instead of in its commit: a commit that then fails, or lands unknown
+    and is redone, leaves rows in the queue twice or for effects never committed."""
+    for queue, partition, rows in self._appends:
+        queue.append(partition, rows)
+
+
 def _get_rows_ignoring_guid(
     self: MapperWorker,
     reducer_index: int,
@@ -323,6 +332,7 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
         _snapshot_state_read,
     ),
     "mapper_serves_any_guid": (MapperWorker, "handle_get_rows", _get_rows_ignoring_guid),
+    "reducer_appends_outside_its_commit": (StagedOutputs, "apply", _append_outside_the_commit),
     "mapper_fails_on_rows_trimmed_by_duplicate": (
         MapperWorker,
         "_read_cut",
