@@ -154,6 +154,23 @@ def read_top(processor: ms.Processor) -> dict[int, list[tuple[str, int]]]:
     return {int(key[-1]): [(str(w), int(n)) for w, n in json.loads(value)] for key, value in rows}
 
 
+def expected_top(root: Path = ROOT, rows: int = ROWS) -> dict[int, list[tuple[str, int]]]:
+    """The top words of each minute computed with pyarrow alone, to check the pipeline."""
+    files = sorted(str(p) for p in generate(root, rows).glob("*/*.parquet"))
+    words = words_with_time(pq.ParquetDataset(files).read())
+    minutes = pc.multiply(pc.divide(words["ts"], MINUTE), MINUTE)
+    counts = (
+        words.append_column("window_start", minutes)
+        .group_by(["window_start", "word"])
+        .aggregate([([], "count_all")])
+        .rename_columns(["window_start", "word", "n"])
+    )
+    return {
+        start: top_words(counts.filter(pc.equal(counts["window_start"], start)))
+        for start in pc.unique(counts["window_start"]).to_pylist()
+    }
+
+
 if __name__ == "__main__":
     pipeline = make_pipeline()
     for summary in ms.run_local_pipeline(pipeline, progress=True):

@@ -58,6 +58,8 @@ class RandomKiller:
                 continue
             who = "fork-server" if "fork-server" in pids and self.rng.random() < 0.2 else None
             who = who or self.rng.choice(workers)
+            if not running(pids[who]):
+                continue  # exited (a zombie not reaped yet): killing it changes nothing
             try:
                 os.kill(pids[who], signal.SIGKILL)
             except ProcessLookupError:

@@ -8,6 +8,7 @@ import millstream as ms
 import pytest
 from chaos import RandomKiller
 from jobs import (
+    SlowKeyedSumMapper,
     expected_sums,
     expected_word_counts,
     keyed_processor,
@@ -51,7 +52,16 @@ def test_kill_9_random_processes_many_times(tmp_path: Path, seed: int) -> None:
         commit_interval_seconds=0.1,
         restart=ms.RestartStrategy(max_restarts=1_000),
     )
-    processor = keyed_processor(data, tmp_path / "state.db", num_reducers=2, tune=tune)
+    # A map that takes 40 ms a batch keeps the run going for seconds: kills land on workers
+    # at work, not on ones that are exiting after the drain (which count no restart).
+    processor = keyed_processor(
+        data,
+        tmp_path / "state.db",
+        num_reducers=2,
+        tune=tune,
+        mapper=SlowKeyedSumMapper,
+        config={"map_seconds": 0.04},
+    )
     runner = LocalRunner(processor)
     runner.start()
     with RandomKiller(runner, seed) as killer:

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from millstream.ledger import OUTPUT
 from millstream.state import decode_int64, open_store
@@ -80,18 +79,5 @@ def test_pipeline_example_finds_the_top_words_of_each_minute(tmp_path: Path) -> 
     assert run.stdout.count("drained:") == 2, run.stdout
     from examples import pipeline
 
-    lines = pq.ParquetDataset(sorted(str(p) for p in tmp_path.glob("events-*/*/*.parquet")))
-    words = pipeline.words_with_time(lines.read())
-    minutes = pc.multiply(pc.divide(words["ts"], pipeline.MINUTE), pipeline.MINUTE)
-    counts = (
-        words.append_column("window_start", minutes)
-        .group_by(["window_start", "word"])
-        .aggregate([([], "count_all")])
-        .rename_columns(["window_start", "word", "n"])
-    )
-    expected = {
-        start: pipeline.top_words(counts.filter(pc.equal(counts["window_start"], start)))
-        for start in pc.unique(counts["window_start"]).to_pylist()
-    }
     got = pipeline.read_top(pipeline.make_pipeline(tmp_path, rows)[1])
-    assert got == expected
+    assert got == pipeline.expected_top(tmp_path, rows)

@@ -109,3 +109,20 @@ def test_a_parquet_sink_holds_every_row_once_under_kill_9(tmp_path: Path, seed: 
     print(
         f"seed {seed}: killed {killer.kills}; {len(sink.recorded())} files, {len(orphans)} orphans"
     )
+
+
+def test_the_windowed_pipeline_example_is_exact_under_kill_9(tmp_path: Path) -> None:
+    from examples import pipeline
+
+    stages = [
+        ms.Processor(**{**stage.__dict__, "tuning": CHAOS})
+        for stage in pipeline.make_pipeline(tmp_path, 100_000)
+    ]
+    runner = PipelineRunner(stages)
+    runner.start()
+    killers = [RandomKiller(r, 7 + i) for i, r in enumerate(runner.runners)]
+    with killers[0], killers[1]:
+        runner.wait(timeout=300)
+    assert any(killer.kills for killer in killers), "the killers never found a live process"
+    assert pipeline.read_top(stages[1]) == pipeline.expected_top(tmp_path, 100_000)
+    print(f"killed {[k.kills for k in killers]}")
