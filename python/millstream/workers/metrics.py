@@ -63,6 +63,14 @@ _COUNTERS = {
             "millstream_split_brains",
             "Reducer commits abandoned because the state changed under them.",
         ),
+        "rows_emitted": (
+            "millstream_rows_emitted",
+            "Rows reducers appended to output queues in their commits.",
+        ),
+        "files_published": (
+            "millstream_files_published",
+            "Parquet files reducers published to output sinks in their commits.",
+        ),
     },
 }
 """Status figure -> (metric name without ``_total``, help), per role."""
