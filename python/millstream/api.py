@@ -289,11 +289,15 @@ class Reducer(ABC):
     Attributes:
         spec: This worker's :class:`WorkerSpec`.
         config: The user configuration given to the processor.
+        drained_mappers: Mappers whose input ended and whose every row every reducer has
+            committed, as of this reducer's last look at the store (set before each
+            ``reduce``): nothing more will come from them.
     """
 
     def __init__(self, spec: WorkerSpec, config: Mapping[str, Any]) -> None:
         self.spec = spec
         self.config = config
+        self.drained_mappers: frozenset[int] = frozenset()
 
     @abstractmethod
     def reduce(self, batch: pa.RecordBatch, txn: Transaction) -> None:

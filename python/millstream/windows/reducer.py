@@ -34,15 +34,25 @@ if TYPE_CHECKING:
     from millstream.processor import Processor
 
 _NO_TIME = -(2**63)
+_END_OF_TIME = 2**62
+"""The watermark once every mapper drained: past every window (and still adds safely)."""
 
 
 class _State:
-    """Open windows' partials, the mappers' watermarks and the time column's type."""
+    """Open windows' partials, the mappers' watermarks, the watermark windows were last
+    closed at (None: none closed yet) and the time column's type."""
 
-    def __init__(self, open_: pa.Table | None, marks: dict[int, int], kind: pa.DataType | None):
+    def __init__(
+        self,
+        open_: pa.Table | None,
+        marks: dict[int, int],
+        kind: pa.DataType | None,
+        closed: int | None = None,
+    ) -> None:
         self.open = open_
         self.marks = marks
         self.kind = kind
+        self.closed = closed
 
 
 class WindowReducer(Reducer):
@@ -50,9 +60,11 @@ class WindowReducer(Reducer):
     and emits every window once, when the watermark passes its end by the lateness (or
     when the processor drains), to the output ``Windows.output`` names.
 
-    The watermark is the smallest, over all mappers, of the latest event time each has
-    read: a mapper that has sent nothing yet, or is down, holds every window open until it
-    reports (as in Flink, an idle input holds the watermark).
+    The watermark is the smallest, over the mappers that may still send rows, of the
+    latest event time each has read: a mapper that has sent nothing yet, or is down, holds
+    every window open until it reports (as in Flink, an idle input holds the watermark); a
+    mapper that drained (its input ended and every reducer committed its rows) no longer
+    counts.
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -76,9 +88,11 @@ class WindowReducer(Reducer):
     def _load(self, txn: Transaction, plan: Plan) -> _State:
         raw = txn.get(self._space("watermarks"))
         marks = {} if raw is None else dict(zip(*[iter(unpack(raw))] * 2, strict=True))
+        closed_raw = txn.get(self._space("closed"))
+        closed = None if closed_raw is None else int(unpack(closed_raw)[0])
         schema_raw = txn.get(self._space("schema"))
         if schema_raw is None:
-            return _State(None, {int(m): int(t) for m, t in marks.items()}, None)
+            return _State(None, {int(m): int(t) for m, t in marks.items()}, None, closed)
         schema = pa.ipc.read_schema(pa.py_buffer(schema_raw))
         kind = schema.field(WATERMARK).type
         partial_schema = pa.schema([f for f in schema if f.name != WATERMARK])
@@ -90,7 +104,7 @@ class WindowReducer(Reducer):
             open_ = pa.table(columns, schema=partial_schema)
         else:
             open_ = partial_schema.empty_table()
-        return _State(open_, {int(m): int(t) for m, t in marks.items()}, kind)
+        return _State(open_, {int(m): int(t) for m, t in marks.items()}, kind, closed)
 
     # -- reduce ------------------------------------------------------------------------------
 
@@ -108,7 +122,8 @@ class WindowReducer(Reducer):
         partials = table.filter(pc.invert(is_mark)).drop_columns([MAPPER, WATERMARK])
         kind = state.kind or table.schema.field(WATERMARK).type
         size, _, lateness = windows.ticks(kind)
-        closed_before = self._watermark(state.marks)
+        # Windows closed so far are exactly those the last committed close passed.
+        closed_before = state.closed
         late = 0
         if closed_before is not None and partials.num_rows:
             ends = pc.add(partials[START], size + lateness)
@@ -127,6 +142,10 @@ class WindowReducer(Reducer):
         parts = [p for p in (state.open, partials) if p is not None and p.num_rows]
         merged = merge(parts, plan) if parts else partials
         watermark = self._watermark(marks)
+        if watermark is not None and state.closed is not None:
+            watermark = max(watermark, state.closed)  # never reopens a closed window
+        if watermark is None:
+            watermark = state.closed
         if watermark is not None and merged.num_rows:
             closing = pc.less_equal(pc.add(merged[START], size + lateness), watermark)
         else:
@@ -154,7 +173,9 @@ class WindowReducer(Reducer):
         )
         if late:
             txn.add(self._space("late"), late)
-        self._pending = _State(still_open, marks, kind)
+        if watermark is not None and watermark != state.closed:
+            txn.set(self._space("closed"), pack((watermark,)))
+        self._pending = _State(still_open, marks, kind, watermark)
         self.late_rows += late
 
     def _write_partials(self, txn: Transaction, table: pa.Table, plan: Plan) -> None:
@@ -167,9 +188,14 @@ class WindowReducer(Reducer):
             )
 
     def _watermark(self, marks: dict[int, int]) -> int | None:
-        if len(marks) < self.spec.num_mappers:
+        """The smallest latest event time over the mappers that may still send rows (None
+        while one of them has reported nothing); past every window once all drained."""
+        waiting = [m for m in range(self.spec.num_mappers) if m not in self.drained_mappers]
+        if not waiting:
+            return _END_OF_TIME
+        if any(m not in marks for m in waiting):
             return None
-        return min(marks.values())
+        return min(marks[m] for m in waiting)
 
     def _emit(self, txn: Transaction, results: pa.Table) -> None:
         txn.emit(self.windows.output, results)
@@ -189,8 +215,12 @@ class WindowReducer(Reducer):
         if state.open is not None and state.open.num_rows and state.kind is not None:
             self._emit(txn, finish(state.open, windows, plan, state.kind))
             txn.clear_prefix(self._space("partial"))
+        txn.set(self._space("closed"), pack((_END_OF_TIME,)))
         self._pending = _State(
-            None if state.open is None else state.open.slice(0, 0), state.marks, state.kind
+            None if state.open is None else state.open.slice(0, 0),
+            state.marks,
+            state.kind,
+            _END_OF_TIME,
         )
 
 

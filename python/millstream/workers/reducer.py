@@ -217,6 +217,7 @@ class ReducerWorker:
         """
         state, mappers, drained = self._read_view()
         self.last_state = state
+        self.user.drained_mappers = frozenset(drained)
         self.all_drained = len(drained) == self.processor.num_mappers and not self._spill_pending
         live = {
             m: info

@@ -60,6 +60,7 @@ class Cluster:
         mapper: type[ms.Mapper] = PassThrough,
         reducer: type[ms.Reducer] = CountRows,
         visible: list[int] | None = None,
+        outputs: list[ms.outputs.Output] | None = None,
         **tuning: object,
     ) -> None:
         self.tables = tables
@@ -71,6 +72,7 @@ class Cluster:
             num_reducers=num_reducers,
             config=config or {},
             tuning=ms.Tuning(batch_rows=BATCH_ROWS, **tuning),  # type: ignore[arg-type]
+            outputs=outputs or [],
         )
         self.store: Store = open_store(self.processor.store, (self.processor.name,), limits)
         self.clock = ManualClock()

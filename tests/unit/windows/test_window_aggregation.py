@@ -221,3 +221,52 @@ def test_a_commit_that_landed_unconfirmed_is_read_back_from_the_store(tmp_path: 
     commit("confirmed")
     assert pc.sum(sink.read()["n"]).as_py() == 3_000
     store.close()
+
+
+def test_a_drained_mapper_no_longer_holds_the_watermark(tmp_path: Path) -> None:
+    """Partition 1 ends after 1,000 rows (10 s); partition 0 goes on for 6 minutes: once
+    mapper 1 drained, partition 0's minutes close as its watermark passes them, before the
+    processor drains."""
+    from test_worker_steps import Cluster
+
+    tables = stream(2, 36_000, disorder=100)
+    tables[1] = tables[1].slice(0, 1_000)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    windows = ms.windows.Windows(
+        time="ts", key="key", size=MINUTE, lateness=100, aggregates=AGGREGATES, output="windows"
+    )
+    c = Cluster(
+        tmp_path,
+        tables,
+        mapper=ms.windows.WindowMapper,
+        reducer=ms.windows.WindowReducer,
+        config={"windows": windows},
+        outputs=[sink],
+    )
+    for _ in range(2_000):
+        c.step()
+        for mapper in c.mappers.values():
+            if mapper.is_drained():
+                mapper.mark_drained()
+        if c.mappers[1].is_drained() and c.mappers[0].window is not None:
+            read = c.mappers[0].window.snapshot().input_end_row_index
+            if read >= 30_000:
+                break
+    else:
+        raise AssertionError("mapper 1 never drained")
+    assert not c.mappers[0].is_drained()
+    closed = sink.read()
+    assert closed.num_rows > 0, "minutes of partition 0 closed while mapper 0 still reads"
+    starts = set(closed["window_start"].to_pylist())
+    assert {0, MINUTE, 2 * MINUTE} <= starts
+    c.run_to_end()
+    for reducer in c.reducers.values():
+        assert reducer.finish()
+    assert ms.windows.late_rows(c.processor) == 0
+    _check(
+        sink.read().sort_by([("window_start", "ascending"), ("key", "ascending")]),
+        expected(tables, MINUTE, MINUTE),
+        MINUTE,
+    )
+    c.store.close()
