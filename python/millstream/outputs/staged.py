@@ -7,12 +7,13 @@ commit succeeded, and discards them when it failed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from millstream.exceptions import ConfigurationError
+from millstream.exceptions import CommitUnknownResultError, ConfigurationError
 from millstream.inputs.store_queue import StoreQueue
 from millstream.outputs.parquet_sink import ParquetSink, StagedFile
 from millstream.state.base import StoreTransaction
@@ -146,6 +147,21 @@ class StagedOutputs:
             staged = sink.stage(rows, self._writer)
             self._staged.append((sink, staged))
             sink.record_in(txn.scoped(sink.store.prefix), staged)
+
+    @contextlib.contextmanager
+    def settled_with(self, txn: StoreTransaction) -> Iterator[None]:
+        """Around a transaction that carries these outputs: if the block raises, reset
+        ``txn`` and delete the staged files, unless the commit's outcome is unknown (their
+        records may have landed: the next instance, or a reader, publishes them)."""
+        try:
+            yield
+        except CommitUnknownResultError:
+            txn.reset()
+            raise
+        except BaseException:
+            txn.reset()
+            self.discard()
+            raise
 
     def publish(self) -> None:
         """After the commit: move the staged files to their final names."""

@@ -106,16 +106,20 @@ class WindowReducer(Reducer):
             open_ = partial_schema.empty_table()
         return _State(open_, {int(m): int(t) for m, t in marks.items()}, kind, closed)
 
+    def _current(self, txn: Transaction, plan: Plan) -> _State:
+        """The state as of the last commit: the memory copy, or the store's when there is
+        none yet or the last transaction's commit was not confirmed (it may have landed)."""
+        if self._state is None or self._pending is not None:
+            self._state = self._load(txn, plan)
+            self._pending = None
+        return self._state
+
     # -- reduce ------------------------------------------------------------------------------
 
     def reduce(self, batch: pa.RecordBatch, txn: Transaction) -> None:
         windows = self.windows
         plan = Plan.of(windows)
-        if self._state is None or self._pending is not None:
-            # First batch, or the last one's commit was not confirmed: the store is right.
-            self._state = self._load(txn, plan)
-            self._pending = None
-        state = self._state
+        state = self._current(txn, plan)
         table = pa.Table.from_batches([batch])
         is_mark = pc.is_valid(table[MAPPER])
         marks_rows = table.filter(is_mark)
@@ -208,10 +212,7 @@ class WindowReducer(Reducer):
         """The end of input closes every window still open."""
         windows = self.windows
         plan = Plan.of(windows)
-        if self._state is None or self._pending is not None:
-            self._state = self._load(txn, plan)
-            self._pending = None
-        state = self._state
+        state = self._current(txn, plan)
         if state.open is not None and state.open.num_rows and state.kind is not None:
             self._emit(txn, finish(state.open, windows, plan, state.kind))
             txn.clear_prefix(self._space("partial"))

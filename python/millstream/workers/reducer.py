@@ -21,7 +21,6 @@ import pyarrow.compute as pc
 from millstream import _core
 from millstream.api import Transaction
 from millstream.exceptions import (
-    CommitUnknownResultError,
     MillstreamError,
     RetryableStoreError,
     StoreConflictError,
@@ -492,65 +491,54 @@ class ReducerWorker:
         fetched = sum(map(len, payloads))
         begun = self.clock.now()
         txn = ReplayingTransaction(self.store)
-        outputs = StagedOutputs(self.processor.outputs, f"reducer-{self.index}", self.index)
+        outputs = self._staged_outputs()
         try:
-            try:
-                self.user.reduce(batch, Transaction(txn, outputs))
-            except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
-                raise
-            except Exception as exc:
-                raise UserCodeError(
-                    f"reduce of reducer {self.index} raised on {batch.num_rows} rows "
-                    f"({'; '.join(ranges)}): {exc!r}. Nothing of this batch was committed; "
-                    "fix the reducer and restart the processor"
-                ) from exc
-            if read_reducer_state(txn, self.index, self.processor.num_mappers) != state:
-                self.split_brains += 1
-                txn.reset()
-                return False
-            if self.processor.at_least_once:
-                superseded = {
-                    m: guid for m, guid in served_by.items() if read_numbering(txn, m) != guid
-                }
-                if superseded:
-                    self.superseded_fetches += 1
-                    log.info(
-                        "reducer %d: rows of superseded mapper instances %s are not "
-                        "committed; the instances that took over serve them again",
-                        self.index,
-                        superseded,
-                    )
+            with outputs.settled_with(txn):
+                try:
+                    self.user.reduce(batch, Transaction(txn, outputs))
+                except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
+                    raise
+                except Exception as exc:
+                    raise UserCodeError(
+                        f"reduce of reducer {self.index} raised on {batch.num_rows} rows "
+                        f"({'; '.join(ranges)}): {exc!r}. Nothing of this batch was committed; "
+                        "fix the reducer and restart the processor"
+                    ) from exc
+                if read_reducer_state(txn, self.index, self.processor.num_mappers) != state:
+                    self.split_brains += 1
                     txn.reset()
                     return False
-            write_reducer_state(txn, self.index, new)
-            for m, through in (consumed or {}).items():
-                clear_spill(txn, self.index, m, through)
-            txn.add(reduced_key(self.index, "rows"), batch.num_rows)
-            txn.add(reduced_key(self.index, "bytes"), fetched)
-            txn.add(reduced_key(self.index, "commits"), 1)
-            outputs.apply(txn)
-            size = txn.write_size
-            started = time.perf_counter()
-            txn.commit()
-            latency = time.perf_counter() - started
+                if self.processor.at_least_once:
+                    superseded = {
+                        m: guid for m, guid in served_by.items() if read_numbering(txn, m) != guid
+                    }
+                    if superseded:
+                        self.superseded_fetches += 1
+                        log.info(
+                            "reducer %d: rows of superseded mapper instances %s are not "
+                            "committed; the instances that took over serve them again",
+                            self.index,
+                            superseded,
+                        )
+                        txn.reset()
+                        return False
+                write_reducer_state(txn, self.index, new)
+                for m, through in (consumed or {}).items():
+                    clear_spill(txn, self.index, m, through)
+                txn.add(reduced_key(self.index, "rows"), batch.num_rows)
+                txn.add(reduced_key(self.index, "bytes"), fetched)
+                txn.add(reduced_key(self.index, "commits"), 1)
+                outputs.apply(txn)
+                size = txn.write_size
+                started = time.perf_counter()
+                txn.commit()
+                latency = time.perf_counter() - started
         except StoreConflictError:
-            txn.reset()
-            outputs.discard()
             self.split_brains += 1
             return False
-        except CommitUnknownResultError:
-            # Its files may be recorded: the next instance, or a reader, publishes them.
-            txn.reset()
-            raise
-        except BaseException:
-            txn.reset()
-            outputs.discard()
-            raise
         finally:
             self.renewals += txn.renewals
-        outputs.publish()
-        self.rows_emitted += outputs.rows_appended
-        self.files_published += outputs.files_staged
+        self._published(outputs)
         self.last_state = new
         self.last_write_size = size
         self.last_transaction_seconds = self.clock.now() - begun
@@ -609,39 +597,39 @@ class ReducerWorker:
     def _commit_drain(self) -> bool:
         """Run ``Reducer.drain`` in a transaction with this reducer's drained marker."""
         txn = ReplayingTransaction(self.store)
-        outputs = StagedOutputs(self.processor.outputs, f"reducer-{self.index}", self.index)
+        outputs = self._staged_outputs()
         try:
-            if txn.get(drained_marker_key(self.index)) is not None:
-                txn.reset()
-                return True
-            try:
-                self.user.drain(Transaction(txn, outputs))
-            except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
-                raise
-            except Exception as exc:
-                raise UserCodeError(
-                    f"drain of reducer {self.index} raised: {exc!r}. Nothing of it was "
-                    "committed; fix the reducer and restart the processor"
-                ) from exc
-            txn.set(drained_marker_key(self.index), b"")
-            outputs.apply(txn)
-            txn.commit()
+            with outputs.settled_with(txn):
+                if txn.get(drained_marker_key(self.index)) is not None:
+                    txn.reset()
+                    return True
+                try:
+                    self.user.drain(Transaction(txn, outputs))
+                except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
+                    raise
+                except Exception as exc:
+                    raise UserCodeError(
+                        f"drain of reducer {self.index} raised: {exc!r}. Nothing of it was "
+                        "committed; fix the reducer and restart the processor"
+                    ) from exc
+                txn.set(drained_marker_key(self.index), b"")
+                outputs.apply(txn)
+                txn.commit()
         except StoreConflictError:
-            txn.reset()
-            outputs.discard()
             return False
-        except CommitUnknownResultError:
-            txn.reset()
-            raise
-        except BaseException:
-            txn.reset()
-            outputs.discard()
-            raise
+        self._published(outputs)
+        self._notify_commit()
+        return True
+
+    def _staged_outputs(self) -> StagedOutputs:
+        """What one transaction's user code sends to the processor's outputs."""
+        return StagedOutputs(self.processor.outputs, f"reducer-{self.index}", self.index)
+
+    def _published(self, outputs: StagedOutputs) -> None:
+        """After a commit: publish its staged files and count what it sent."""
         outputs.publish()
         self.rows_emitted += outputs.rows_appended
         self.files_published += outputs.files_staged
-        self._notify_commit()
-        return True
 
     def run(self, stop: threading.Event) -> None:
         """Reduce until every mapper is drained or ``stop`` is set: the thin loop.

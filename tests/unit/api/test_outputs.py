@@ -17,7 +17,7 @@ from millstream.outputs import STAGING, ParquetSink
 from millstream.state import open_store
 from millstream.state.replay import ReplayingTransaction
 from millstream.testing import MemoryInput, run_in_process
-from worker_fixtures import PassThrough, expected_counts, tables
+from worker_fixtures import ConflictingCommits, PassThrough, expected_counts, tables
 
 
 class CountsToQueue(ms.Reducer):
@@ -53,9 +53,9 @@ def _counts(store_url: str, name: str) -> dict[int, int]:
     return {int(key[-1]): int.from_bytes(value, "little", signed=True) for key, value in rows}
 
 
-def test_a_pipeline_of_two_processors_counts_every_row_once(tmp_path: Path) -> None:
+def _first_stage(tmp_path: Path, data: list[pa.Table]) -> tuple[ms.Processor, StoreQueue]:
+    """Counts per key appended to the queue ``partials`` (two partitions)."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    data = tables(3)
     partials = StoreQueue(url, "partials", 2)
     first = ms.Processor(
         mapper=PassThrough,
@@ -67,6 +67,13 @@ def test_a_pipeline_of_two_processors_counts_every_row_once(tmp_path: Path) -> N
         outputs=[partials],
         tuning=ms.Tuning(batch_rows=100),
     )
+    return first, partials
+
+
+def test_a_pipeline_of_two_processors_counts_every_row_once(tmp_path: Path) -> None:
+    data = tables(3)
+    first, partials = _first_stage(tmp_path, data)
+    url = first.store
     second = ms.Processor(
         mapper=PassThrough,
         reducer=AddPartials,
@@ -90,32 +97,10 @@ def test_a_pipeline_of_two_processors_counts_every_row_once(tmp_path: Path) -> N
 def test_rows_of_a_commit_that_failed_never_reach_the_queue(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'state.db'}"
     data = tables(2)
-    partials = StoreQueue(url, "partials", 2)
-    first = ms.Processor(
-        mapper=PassThrough,
-        reducer=CountsToQueue,
-        input=MemoryInput(data),
-        store=url,
-        num_reducers=2,
-        name="first",
-        outputs=[partials],
-        tuning=ms.Tuning(batch_rows=100),
-    )
-    real = ReplayingTransaction.commit
-    calls = 0
-
-    def every_third_conflicts(self: ReplayingTransaction) -> None:
-        nonlocal calls
-        calls += 1
-        if calls % 3 == 0:
-            raise ms.exceptions.StoreConflictError("another instance committed first")
-        real(self)
-
-    monkeypatch.setattr(ReplayingTransaction, "commit", every_third_conflicts)
+    first, partials = _first_stage(tmp_path, data)
+    ConflictingCommits(every=3).install(monkeypatch)
     run_in_process(first)
-    monkeypatch.setattr(ReplayingTransaction, "commit", real)
     batches = [partials.read(p, 0, 1_000_000).batch for p in range(2)]
     appended = pa.Table.from_batches([b for b in batches if b is not None])
     totals = appended.group_by("key").aggregate([("n", "sum")])
@@ -215,15 +200,7 @@ def test_a_failed_commit_publishes_nothing_and_leaves_no_file(
 ) -> None:
     data = tables(2)
     processor, sink = _sink_job(tmp_path, data)
-    real = ReplayingTransaction.commit
-    failures = iter([True, False, True])
-
-    def conflicting(self: ReplayingTransaction) -> None:
-        if next(failures, False):
-            raise ms.exceptions.StoreConflictError("another instance committed first")
-        real(self)
-
-    monkeypatch.setattr(ReplayingTransaction, "commit", conflicting)
+    ConflictingCommits(every=2).install(monkeypatch)
     run_in_process(processor)
     assert _published_keys(sink) == _input_keys(data)
     assert not list((tmp_path / "out" / STAGING).iterdir()), "failed attempts' files deleted"

@@ -138,3 +138,26 @@ class AddCounts(ms.Reducer):
         table = pa.Table.from_batches([batch])
         sums = table.group_by("key", use_threads=False).aggregate([("n", "sum")])
         txn.add_many(("n",), sums["key"].combine_chunks(), sums["n_sum"].combine_chunks())
+
+
+@dataclass
+class ConflictingCommits:
+    """Makes every ``every``-th reducer commit fail with a conflict, as if another instance
+    had committed first (:meth:`install` patches ``ReplayingTransaction.commit``)."""
+
+    every: int = 3
+    calls: int = 0
+
+    def install(self, monkeypatch: object) -> None:
+        from millstream.exceptions import StoreConflictError
+        from millstream.state.replay import ReplayingTransaction
+
+        real = ReplayingTransaction.commit
+
+        def commit(txn: ReplayingTransaction) -> None:
+            self.calls += 1
+            if self.calls % self.every == 0:
+                raise StoreConflictError("another instance committed first (injected)")
+            real(txn)
+
+        monkeypatch.setattr(ReplayingTransaction, "commit", commit)  # type: ignore[attr-defined]

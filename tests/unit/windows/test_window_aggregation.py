@@ -161,25 +161,16 @@ def test_bad_windows_are_refused() -> None:
 def test_a_commit_that_failed_leaves_the_windows_as_the_store_has_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from millstream.state.replay import ReplayingTransaction
+    from worker_fixtures import ConflictingCommits
 
-    real = ReplayingTransaction.commit
-    calls = 0
-
-    def every_third_conflicts(self: ReplayingTransaction) -> None:
-        nonlocal calls
-        calls += 1
-        if calls % 3 == 0:
-            raise ms.exceptions.StoreConflictError("another instance committed first")
-        real(self)
-
-    monkeypatch.setattr(ReplayingTransaction, "commit", every_third_conflicts)
+    conflicts = ConflictingCommits(every=3)
+    conflicts.install(monkeypatch)
     tables = stream(2, 20_000, disorder=2_000)
     windows = ms.windows.Windows(
         time="ts", key="key", size=MINUTE, lateness=2_000, aggregates=AGGREGATES, output="windows"
     )
     got = _run(tmp_path, tables, windows)
-    assert calls > 6
+    assert conflicts.calls > 6
     _check(got, expected(tables, MINUTE, MINUTE), MINUTE)
 
 
