@@ -104,9 +104,10 @@ class Window:
         longer than ``max_bytes``. With no rows,
         ``row_count`` is 0 and ``last_shuffle_row_index`` equals ``committed_row_index``.
         """
-    def wait_for_room(self, timeout_seconds: float) -> bool:
-        """Block (GIL released) until buffered bytes are at most the memory limit, the
-        window is closed, or the timeout passes. True when there is room."""
+    def wait_for_room(self, timeout_seconds: float, reserve_bytes: int = 0) -> bool:
+        """Block (GIL released) until ``reserve_bytes`` more would keep buffered bytes at
+        most the memory limit (or nothing is buffered), the window is closed, or the
+        timeout passes. True when there is room."""
     def local_state(self) -> tuple[int, int, bytes]:
         """``(input_unread_row_index, shuffle_unread_row_index, continuation_token)``
         after trimming (thesis 4.3.5)."""

@@ -7,6 +7,7 @@ simulation can drive them one by one; :meth:`~MapperWorker.run` is the thin loop
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -118,6 +119,8 @@ class MapperWorker:
         self.spills = 0
         self._last_call = [clock.now()] * processor.num_reducers
         """When each reducer last called GetRows (at both ends of a held call)."""
+        self._entry_bytes: collections.deque[int] = collections.deque(maxlen=8)
+        """Window bytes of the last few mapped batches: the room the next one needs."""
 
     # -- ingestion (thesis 4.3.3) -------------------------------------------------------
 
@@ -265,7 +268,9 @@ class MapperWorker:
                 f"[{begin}, {end}); it must return millstream.Partitioned"
             )
         try:
+            held = window.snapshot().buffered_bytes
             window.push(mapped.batch, mapped.reducer_indices, end, result.continuation_token)
+            self._entry_bytes.append(max(0, window.snapshot().buffered_bytes - held))
             self.behind = behind
             self._notify_rows()
         except MemoryLimitError as exc:
@@ -721,7 +726,10 @@ class MapperWorker:
                     self.clock.sleep(backoff.next(), stop)
                     continue
             while True:
-                room = window.wait_for_room(min(0.1, t.trim_period_seconds))
+                # Room for a batch like the recent ones (and a quarter more: sizes vary),
+                # so that the next one keeps the window under its limit.
+                reserve = max(self._entry_bytes, default=0) * 5 // 4
+                room = window.wait_for_room(min(0.1, t.trim_period_seconds), reserve)
                 if not room:
                     try:
                         self.spill_stragglers()

@@ -180,10 +180,17 @@ impl SharedWindow {
     /// Waits at most `timeout` (`None`: forever) until buffered bytes are at most the memory
     /// limit or the window is closed.
     pub fn wait_for_room(&self, timeout: Option<Duration>) -> Result<Room> {
+        self.wait_for_room_for(timeout, 0)
+    }
+
+    /// Waits at most `timeout` (`None`: forever) until `reserve_bytes` more would fit under
+    /// the memory limit (or nothing is buffered), or the window is closed: a mapper that
+    /// reserves its next batch's size keeps the window under the limit.
+    pub fn wait_for_room_for(&self, timeout: Option<Duration>, reserve_bytes: u64) -> Result<Room> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut inner = self.lock()?;
         loop {
-            if inner.window.has_room() {
+            if inner.window.has_room_for(reserve_bytes) {
                 return Ok(Room::Available);
             }
             if inner.closed {

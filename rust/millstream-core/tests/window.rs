@@ -405,3 +405,33 @@ fn a_snapshot_takes_every_figure_at_once() {
     );
     assert!(s.closed);
 }
+
+#[test]
+fn room_can_be_reserved_for_the_next_batch() {
+    let entry_bytes = {
+        let mut probe = window(1, 1 << 20);
+        probe.push(rows(10), &spread(10, 1), 1, Vec::new()).unwrap();
+        probe.snapshot().buffered_bytes
+    };
+    let mut w = window(1, 3 * entry_bytes);
+    w.push(rows(10), &spread(10, 1), 1, Vec::new()).unwrap();
+    w.push(rows(10), &spread(10, 1), 1, Vec::new()).unwrap();
+    assert!(w.has_room());
+    assert!(w.has_room_for(entry_bytes));
+    assert!(!w.has_room_for(entry_bytes + 1));
+    let shared = SharedWindow::new(w);
+    assert_eq!(
+        shared
+            .wait_for_room_for(Some(Duration::from_millis(1)), entry_bytes + 1)
+            .unwrap(),
+        Room::TimedOut
+    );
+    shared.get_rows(0, 19, 1, 1).unwrap();
+    assert_eq!(
+        shared
+            .wait_for_room_for(Some(Duration::from_millis(1)), 100 * entry_bytes)
+            .unwrap(),
+        Room::Available,
+        "an empty window always has room"
+    );
+}

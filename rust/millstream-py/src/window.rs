@@ -161,7 +161,13 @@ impl PyWindow {
         Ok(self.read(|w| w.spilled_row_index(reducer_index))??)
     }
 
-    fn wait_for_room(&self, py: Python<'_>, timeout_seconds: f64) -> BindingResult<bool> {
+    #[pyo3(signature = (timeout_seconds, reserve_bytes = 0))]
+    fn wait_for_room(
+        &self,
+        py: Python<'_>,
+        timeout_seconds: f64,
+        reserve_bytes: u64,
+    ) -> BindingResult<bool> {
         if timeout_seconds.is_nan() || timeout_seconds < 0.0 {
             return Err(BindingError::Core(millstream_core::Error::InvalidArgument(
                 format!("timeout_seconds must be >= 0, got {timeout_seconds}"),
@@ -177,7 +183,9 @@ impl PyWindow {
                     .min(SIGNAL_CHECK_INTERVAL),
                 None => SIGNAL_CHECK_INTERVAL,
             };
-            match detached(py, || self.inner.wait_for_room(Some(slice)))?? {
+            match detached(py, || {
+                self.inner.wait_for_room_for(Some(slice), reserve_bytes)
+            })?? {
                 Room::Available => return Ok(true),
                 Room::Closed => return Ok(false),
                 Room::TimedOut => {}

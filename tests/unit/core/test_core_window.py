@@ -139,6 +139,19 @@ def test_memory_limit_and_wait_for_room() -> None:
     assert w.wait_for_room(0.0) is True
 
 
+def test_wait_for_room_can_reserve_the_next_batch() -> None:
+    w = Window(1, 4096)
+    w.push(ints(200), pa.array([0] * 200, pa.int32()), 200, b"")
+    entry = w.snapshot().buffered_bytes
+    assert entry <= 4096
+    assert w.wait_for_room(0.0) is True
+    assert w.wait_for_room(0.0, 4096 - entry) is True
+    assert w.wait_for_room(0.01, 4096 - entry + 1) is False, "one byte more would not fit"
+    w.get_rows(0, 199, 1, 1)
+    assert w.snapshot().buffered_bytes == 0
+    assert w.wait_for_room(0.0, 10 * 4096) is True, "an empty window always has room"
+
+
 def test_a_batch_over_the_limit_on_its_own_is_an_error() -> None:
     w = Window(1, 1000)
     with pytest.raises(MemoryLimitError, match=r"more than the whole memory limit of 1000 bytes"):

@@ -71,7 +71,14 @@ impl Window {
 
     /// True when buffered bytes are at most the memory limit.
     pub fn has_room(&self) -> bool {
-        self.buffered_bytes <= self.memory_limit_bytes
+        self.has_room_for(0)
+    }
+
+    /// True when `reserve_bytes` more would still be at most the memory limit, or when
+    /// nothing is buffered (a batch larger than the limit alone is refused by `push`).
+    pub fn has_room_for(&self, reserve_bytes: u64) -> bool {
+        self.buffered_bytes == 0
+            || self.buffered_bytes.saturating_add(reserve_bytes) <= self.memory_limit_bytes
     }
 
     /// The window's schema, fixed by the first batch with rows.
