@@ -92,7 +92,9 @@ def test_down_reducer_bounds_mapper_memory(tmp_path: Path) -> None:
             statuses = _read(processor, read_statuses)
             mappers = [statuses.get(("mapper", m), {}) for m in range(2)]
             seen.extend(int(s.get("window_bytes", 0)) for s in mappers)
-            return all(int(s.get("window_bytes", 0)) >= limit for s in mappers)
+            # A mapper reads on only while a batch like its recent ones fits under the
+            # limit (with a quarter to spare): full means within two batches of it.
+            return all(int(s.get("window_bytes", 0)) >= limit - 2 * one_batch for s in mappers)
 
         _wait_for(mappers_blocked, 120, "both mappers to fill their windows")
         for _ in range(10):  # they stay blocked: the input is not read further
@@ -101,7 +103,7 @@ def test_down_reducer_bounds_mapper_memory(tmp_path: Path) -> None:
         statuses = _read(processor, read_statuses)
         for m in range(2):
             assert int(statuses[("mapper", m)]["input_end_row_index"]) < 30_000
-        assert max(seen) <= limit + one_batch
+        assert max(seen) <= limit, "a window went over its memory limit"
         runner.release("reducer", 0)
         runner.wait(timeout=120)
     finally:
