@@ -485,3 +485,34 @@ def log(message: str) -> None:
 
 
 Monitor = Callable[[float], None]
+
+
+class PeriodicSampler:
+    """Calls :meth:`sample` every ``period`` seconds in a thread and keeps the rows it
+    returns; a sample the store is too busy for is skipped (and said)."""
+
+    def __init__(self, pipeline: Pipeline, period: float) -> None:
+        self.pipeline = pipeline
+        self.period = period
+        self.rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> dict[str, Any]:
+        """One row of figures (raise to skip it)."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                row = self.sample()
+            except Exception as exc:  # a busy store: skip this sample
+                log(f"  sample skipped: {exc}")
+                continue
+            self.rows.append(row)
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        self._thread.join()

@@ -54,7 +54,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -69,54 +68,36 @@ from bench.latency_stats import (
     summarize_latency,
     timeline,
 )
-from bench.queue_pipeline import Pipeline, loadavg, log
+from bench.queue_pipeline import PeriodicSampler, Pipeline, loadavg, log
 from bench.queue_producer import ProducerPlan, Step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recovery"
 HOLD_SECONDS = 1.0
 
 
-class Sampler:
+class Sampler(PeriodicSampler):
     """Queue ends and mapper status records, every ``period`` seconds, in a thread."""
 
-    def __init__(self, pipeline: Pipeline, period: float) -> None:
-        self.pipeline = pipeline
-        self.period = period
-        self.rows: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            try:
-                ends = self.pipeline.queue_ends()
-                statuses = self.pipeline.statuses()
-            except Exception as exc:  # a busy store: skip this sample
-                log(f"  sample skipped: {exc}")
-                continue
-            now = time.time()
-            row: dict[str, Any] = {"t": now, "ends": ends}
-            for m in range(self.pipeline.num_mappers):
-                s = statuses.get(("mapper", m), {})
-                read = int(s.get("input_end_row_index", 0))
-                row[f"m{m}"] = {
-                    "read": read,
-                    "lag": ends[m] - read,
-                    "window_rows": int(s.get("window_rows", 0)),
-                    "window_bytes": int(s.get("window_bytes", 0)),
-                    "committed": int(s.get("input_unread_row_index", 0)),
-                    "status_age": now - float(s.get("time", now)),
-                }
-            for r in range(self.pipeline.num_reducers):
-                s = statuses.get(("reducer", r), {})
-                row[f"r{r}"] = {"errors": int(s.get("errors", 0)), "commits": s.get("commits", 0)}
-            self.rows.append(row)
-
-    def stop(self) -> None:
-        """Stop sampling."""
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> dict[str, Any]:
+        ends = self.pipeline.queue_ends()
+        statuses = self.pipeline.statuses()
+        now = time.time()
+        row: dict[str, Any] = {"t": now, "ends": ends}
+        for m in range(self.pipeline.num_mappers):
+            s = statuses.get(("mapper", m), {})
+            read = int(s.get("input_end_row_index", 0))
+            row[f"m{m}"] = {
+                "read": read,
+                "lag": ends[m] - read,
+                "window_rows": int(s.get("window_rows", 0)),
+                "window_bytes": int(s.get("window_bytes", 0)),
+                "committed": int(s.get("input_unread_row_index", 0)),
+                "status_age": now - float(s.get("time", now)),
+            }
+        for r in range(self.pipeline.num_reducers):
+            s = statuses.get(("reducer", r), {})
+            row[f"r{r}"] = {"errors": int(s.get("errors", 0)), "commits": s.get("commits", 0)}
+        return row
 
     def series(self, mapper: int, what: str) -> tuple[np.ndarray, np.ndarray]:
         """Times and values of one mapper's sampled figure."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,47 +40,30 @@ from typing import Any
 from millstream.ledger.subspaces import SYSTEM
 
 from bench.latency import add_pipeline_arguments, make_pipeline, settings
-from bench.queue_pipeline import Pipeline, loadavg, log
+from bench.queue_pipeline import PeriodicSampler, Pipeline, loadavg, log
 from bench.queue_producer import ROW_BYTES, ProducerPlan, Step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "straggler"
 
 
-class Sampler:
+class Sampler(PeriodicSampler):
     """Reducers' committed rows and mappers' status records, every ``period`` seconds."""
 
-    def __init__(self, pipeline: Pipeline, period: float) -> None:
-        self.pipeline = pipeline
-        self.period = period
-        self.rows: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            try:
-                _, committed = self.pipeline.read_results()
-                statuses = self.pipeline.statuses()
-            except Exception as exc:  # a busy store: skip this sample
-                log(f"  sample skipped: {exc}")
-                continue
-            row: dict[str, Any] = {"t": time.time()}
-            for r in range(self.pipeline.num_reducers):
-                row[f"r{r}"] = committed.get(r, 0)
-            for m in range(self.pipeline.num_mappers):
-                s = statuses.get(("mapper", m), {})
-                row[f"m{m}"] = {
-                    "window_bytes": int(s.get("window_bytes", 0)),
-                    "limit": int(s.get("memory_limit_bytes", 0)),
-                    "bytes_spilled": int(s.get("bytes_spilled", 0)),
-                    "rows_spilled": int(s.get("rows_spilled", 0)),
-                }
-            self.rows.append(row)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> dict[str, Any]:
+        _, committed = self.pipeline.read_results()
+        statuses = self.pipeline.statuses()
+        row: dict[str, Any] = {"t": time.time()}
+        for r in range(self.pipeline.num_reducers):
+            row[f"r{r}"] = committed.get(r, 0)
+        for m in range(self.pipeline.num_mappers):
+            s = statuses.get(("mapper", m), {})
+            row[f"m{m}"] = {
+                "window_bytes": int(s.get("window_bytes", 0)),
+                "limit": int(s.get("memory_limit_bytes", 0)),
+                "bytes_spilled": int(s.get("bytes_spilled", 0)),
+                "rows_spilled": int(s.get("rows_spilled", 0)),
+            }
+        return row
 
     def rate(self, reducer: int, begin: float, end: float) -> float:
         """Input rows the reducer committed per second within ``[begin, end]``."""

@@ -58,10 +58,10 @@ fn spilled(chunks: &[millstream_core::SpillChunk], reducer: u32) -> Vec<(i64, i6
         .collect()
 }
 
-#[test]
-fn the_straggler_rows_of_entries_the_others_passed_are_spilled_and_freed() {
+/// A window of two reducers holding `entries` entries of 100 rows, dealt round robin.
+fn filled(entries: i64) -> Window {
     let mut w = window(2);
-    for e in 0..4 {
+    for e in 0..entries {
         w.push(
             rows(100, 100 * e),
             &round_robin(100, 2),
@@ -70,6 +70,12 @@ fn the_straggler_rows_of_entries_the_others_passed_are_spilled_and_freed() {
         )
         .unwrap();
     }
+    w
+}
+
+#[test]
+fn the_straggler_rows_of_entries_the_others_passed_are_spilled_and_freed() {
+    let mut w = filled(4);
     // Reducer 1 commits everything; reducer 0 (the straggler) nothing.
     w.get_rows(1, 399, 0, i64::MAX).unwrap();
     let before = w.snapshot();
@@ -133,16 +139,7 @@ fn only_the_named_stragglers_are_spilled_and_only_past_someone() {
 
 #[test]
 fn spilling_stops_at_the_target_and_the_byte_budget() {
-    let mut w = window(2);
-    for e in 0..10 {
-        w.push(
-            rows(100, 100 * e),
-            &round_robin(100, 2),
-            100 * (e + 1),
-            Vec::new(),
-        )
-        .unwrap();
-    }
+    let mut w = filled(10);
     w.get_rows(1, 999, 0, i64::MAX).unwrap();
     let bytes = w.entry_bytes();
     let total: u64 = bytes.iter().sum();
