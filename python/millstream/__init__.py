@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from millstream.inputs.base import Input, PartitionReader, ReadResult
     from millstream.ledger import RunSummary
     from millstream.processor import Processor
+    from millstream.queue_reducer import PendingRows, QueueReducer
     from millstream.runner.local import RunStopped, run_local, run_local_pipeline
     from millstream.tuning import RestartStrategy
 
@@ -35,7 +36,9 @@ _WHERE = {
     "Mapper": "millstream.api",
     "PartitionReader": "millstream.inputs.base",
     "Partitioned": "millstream.api",
+    "PendingRows": "millstream.queue_reducer",
     "Processor": "millstream.processor",
+    "QueueReducer": "millstream.queue_reducer",
     "ReadResult": "millstream.inputs.base",
     "Reducer": "millstream.api",
     "RestartStrategy": "millstream.tuning",
@@ -71,7 +74,9 @@ __all__ = [
     "Mapper",
     "PartitionReader",
     "Partitioned",
+    "PendingRows",
     "Processor",
+    "QueueReducer",
     "ReadResult",
     "Reducer",
     "RestartStrategy",

@@ -94,6 +94,8 @@ class Window:
         committed_row_index: int,
         max_rows: int,
         max_bytes: int,
+        after_row_index: int | None = None,
+        shuffle_indices: bool = False,
     ) -> tuple[int, int, bytes]:
         """GetRows (thesis 4.3.4 steps 2-4): pop the bucket up to ``committed_row_index``,
         trim window entries whose bucket pointer count fell to zero, and return
@@ -103,6 +105,12 @@ class Window:
         rows actually returned, except that one row is returned even when it alone is
         longer than ``max_bytes``. With no rows,
         ``row_count`` is 0 and ``last_shuffle_row_index`` equals ``committed_row_index``.
+
+        ``after_row_index`` (the reducer's fetch position, at or beyond its committed
+        index): the rows come from after it instead, and the rows up to it stay buffered
+        until committed; with no rows, ``last_shuffle_row_index`` is the larger of the two.
+        ``shuffle_indices``: the stream carries each row's shuffle index as a last column,
+        ``SHUFFLE_INDEX_COLUMN`` (counted in the byte cap).
         """
     def wait_for_room(self, timeout_seconds: float, reserve_bytes: int = 0) -> bool:
         """Block (GIL released) until ``reserve_bytes`` more would keep buffered bytes at
@@ -113,8 +121,9 @@ class Window:
         after trimming (thesis 4.3.5)."""
     def close(self) -> None:
         """Wake every waiter; later pushes fail."""
-    def bucket_len(self, reducer_index: int) -> int:
-        """Rows buffered for the reducer and not committed (or spilled) by it."""
+    def bucket_len(self, reducer_index: int, after_row_index: int | None = None) -> int:
+        """Rows buffered for the reducer and not committed (or spilled) by it; with
+        ``after_row_index``, only those after it (rows it has not fetched yet)."""
     def peek_spill(
         self, stragglers: list[int], target_bytes: int, max_bytes: int, chunk_bytes: int
     ) -> list[tuple[int, int, int, int, bytes]]:

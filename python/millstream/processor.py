@@ -12,6 +12,7 @@ from millstream.exceptions import ConfigurationError
 from millstream.inputs.base import Input
 from millstream.ledger import ProcessorInfo
 from millstream.outputs import Output, check_outputs
+from millstream.queue_reducer import QueueReducer
 from millstream.state import Store, open_store, parse_store_url
 
 Delivery = Literal["exactly_once", "at_least_once"]
@@ -99,6 +100,12 @@ class Processor:
             )
         if self.num_mappers < 1:
             raise ConfigurationError("the input has no partitions, so there is no mapper to run")
+        if self.delivery == "at_least_once" and issubclass(self.reducer, QueueReducer):
+            raise ConfigurationError(
+                f"{self.reducer.__name__} is a QueueReducer, which needs exactly-once delivery "
+                "(its pending rows are named by their shuffle indices, which only exactly-once "
+                "keeps across mapper restarts); drop delivery='at_least_once'"
+            )
         check_outputs(self.outputs, self.store)
         if any(
             type(output) is type(self.input)

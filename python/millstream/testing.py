@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from millstream.inputs.base import ReadResult
-from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsGatherer, RowsHandler
+from millstream.rpc.calls import (
+    GetRowsCall,
+    GetRowsResult,
+    RowsEnd,
+    RowsGatherer,
+    RowsHandler,
+    fetch_options,
+)
 from millstream.workers.clock import ManualClock
 
 if TYPE_CHECKING:
@@ -140,10 +147,17 @@ class InProcessTransport:
             call.max_rows,
             call.max_bytes,
             call.mapper_guid,
+            **fetch_options(call),
         )
         # In process a call is never held (a simulation steps the workers itself); the
         # backlog signal still reaches the reducer.
-        return GetRowsResult(n, last, payload, isinstance(handler, RowsGatherer) and handler.behind)
+        return GetRowsResult(
+            n,
+            last,
+            payload,
+            isinstance(handler, RowsGatherer) and handler.behind,
+            isinstance(handler, RowsEnd) and handler.fetched_all(call.reducer_index, last),
+        )
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
         """The calls one after another; each slot holds the result or the error."""

@@ -66,14 +66,25 @@ def _got(sink: ParquetSink) -> list[tuple[int, int, int, int, int]]:
     )
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_tumbling_windows_are_exact_under_kill_9(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("reducer", "seed"),
+    [
+        (ms.windows.WindowReducer, 1),
+        (ms.windows.WindowReducer, 2),
+        (ms.windows.PendingWindowReducer, 1),
+        (ms.windows.PendingWindowReducer, 2),
+    ],
+    ids=["stored-1", "stored-2", "pending-1", "pending-2"],
+)
+def test_tumbling_windows_are_exact_under_kill_9(
+    tmp_path: Path, reducer: type[ms.Reducer], seed: int
+) -> None:
     data = write_event_input(tmp_path / "in", 200_000, disorder_ms=DISORDER)
     state = tmp_path / "state.db"
     sink = ParquetSink(f"sqlite:///{state}", "per-minute", str(tmp_path / "out"))
     processor = ms.Processor(
         mapper=SlowWindowMapper,
-        reducer=ms.windows.WindowReducer,
+        reducer=reducer,
         input=ms.inputs.ParquetLog(str(data)),
         store=f"sqlite:///{state}",
         num_reducers=2,

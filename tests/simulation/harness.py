@@ -171,15 +171,51 @@ class SimReducer(ms.Reducer):
     queue must hold every effect as often as its counter counts it."""
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        emitted: list[int] = []
-        for m, items in zip(
-            batch.column("mapper").to_pylist(), batch.column("items").to_pylist(), strict=True
-        ):
-            for code in items:
-                txn.add((*EFFECT, m, code // COPIES, code % COPIES), 1)
-                emitted.append(m * 1_000_000 + code)
-        if self.config.get("emit"):
-            txn.append(EMITTED, pa.table({"effect": pa.array(emitted, pa.int64())}))
+        apply_effects(batch.column("mapper"), batch.column("items"), txn, self.config)
+
+
+def apply_effects(
+    mappers: pa.Array | pa.ChunkedArray,
+    items: pa.Array | pa.ChunkedArray,
+    txn: ms.Transaction,
+    config: Any,
+) -> None:
+    """One counter increment per mapped row item (and the same effects to the output
+    queue when ``config["emit"]``)."""
+    emitted: list[int] = []
+    for m, codes in zip(mappers.to_pylist(), items.to_pylist(), strict=True):
+        for code in codes:
+            txn.add((*EFFECT, m, code // COPIES, code % COPIES), 1)
+            emitted.append(m * 1_000_000 + code)
+    if config.get("emit"):
+        txn.append(EMITTED, pa.table({"effect": pa.array(emitted, pa.int64())}))
+
+
+class SimQueueReducer(ms.QueueReducer):
+    """:class:`SimReducer` as a persistent-queue reducer: each round it marks about two
+    pending rows in three finished (a deterministic function of the row and the round, so
+    replays repeat it; all of them once every mapper's input ended) and applies the effects
+    of the rows the commit finishes only. Rows left pending come again; a finished row's
+    effect must be applied exactly once whatever fails."""
+
+    def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
+        rows = pending.rows
+        if len(pending.ended_mappers) == self.spec.num_mappers:
+            pending.finish_all()
+        else:
+            salt = len(pending)
+            pending.finish(
+                [
+                    (m * 31 + (items[0] if items else 0) + salt) % 3 != 0
+                    for m, items in zip(
+                        rows.column("mapper").to_pylist(),
+                        rows.column("items").to_pylist(),
+                        strict=True,
+                    )
+                ]
+            )
+        done = rows.filter(pending.finished())
+        apply_effects(done["mapper"], done["items"], txn, self.config)
 
 
 # -- time ----------------------------------------------------------------------------
@@ -871,6 +907,9 @@ class SimConfig:
     whose contents are checked against the effects. Off in some runs: the queue's end key
     makes duplicate reducers' commits conflict, which would hide bugs of the reducer's own
     guards from the simulation."""
+    queue: bool = False
+    """Reducers are persistent-queue reducers (:class:`SimQueueReducer`) that keep rows
+    pending across rounds and finish a prefix per mapper (exactly once only)."""
 
     @property
     def at_least_once(self) -> bool:
@@ -892,7 +931,7 @@ class Simulation:
         self.emitted = StoreQueue(url, EMITTED, config.num_reducers, prefix=("sim",))
         self.processor = Processor(
             mapper=SimMapper,
-            reducer=SimReducer,
+            reducer=SimQueueReducer if config.queue else SimReducer,
             input=SimInput(self.partitions),
             outputs=[self.emitted] if config.emit else [],
             store=url,

@@ -83,6 +83,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         preaggregate=st.booleans(),
         acknowledge_commits=st.booleans(),
         emit=st.booleans(),
+        queue=st.booleans(),
     )
     def setup(
         self,
@@ -92,6 +93,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         preaggregate: bool,
         acknowledge_commits: bool,
         emit: bool,
+        queue: bool,
     ) -> None:
         self.sim = Simulation(
             SimConfig(
@@ -103,6 +105,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 acknowledge_commits=acknowledge_commits,
                 delivery=self.DELIVERY,
                 emit=emit,
+                queue=queue and self.DELIVERY == "exactly_once",
             )
         )
 

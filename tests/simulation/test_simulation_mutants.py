@@ -12,12 +12,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from millstream import _core
-from millstream.api import Transaction
 from millstream.exceptions import CommitUnknownResultError, StoreConflictError
 from millstream.inputs.base import ReadResult
 from millstream.inputs.store_queue import StoreQueue
@@ -34,6 +32,7 @@ from millstream.outputs import StagedOutputs
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers import reducer as reducer_module
+from millstream.workers.pending import PendingQueue
 
 from tests.simulation.test_protocol_simulation import (
     PROFILE,
@@ -61,27 +60,32 @@ MUTANT_SETTINGS = settings(
 def _state_then_writes(
     self: ReducerWorker,
     state: ReducerState,
-    new: ReducerState,
-    batch: pa.RecordBatch,
-    ranges: list[str],
-    payloads: list[bytes],
+    reduce: Any,
+    fetched: int,
     served_by: dict[int, str],
-    consumed: Any = None,
 ) -> bool:
     """Mutant (a): commit the reducer state first, then the user's writes separately."""
     txn = self.store.create_transaction()
+    writes = self.store.create_transaction()
+    outputs = self._staged_outputs()
+    done = reduce(writes, outputs)
+    if done is None:
+        txn.reset()
+        writes.reset()
+        return False
     try:
         if read_reducer_state(txn, self.index, self.processor.num_mappers) != state:
             txn.reset()
+            writes.reset()
             return False
-        write_reducer_state(txn, self.index, new)
+        write_reducer_state(txn, self.index, done.state)
         txn.commit()
     except StoreConflictError:
         txn.reset()
+        writes.reset()
         return False
-    txn = self.store.create_transaction()
-    self.user.reduce(batch, Transaction(txn))
-    txn.commit()
+    outputs.apply(writes)
+    writes.commit()
     return True
 
 
@@ -95,10 +99,11 @@ def _pop_on_read(
     max_rows: int,
     max_bytes: int,
     mapper_id: str,
+    **options: Any,
 ) -> tuple[int, int, bytes]:
     """Mutant (b): treat the rows just read as committed (pop the bucket on read)."""
     count, last, payload = _real_get_rows(
-        self, reducer_index, committed_row_index, max_rows, max_bytes, mapper_id
+        self, reducer_index, committed_row_index, max_rows, max_bytes, mapper_id, **options
     )
     if count:
         _real_get_rows(self, reducer_index, last, 1, max_bytes, mapper_id)
@@ -212,12 +217,18 @@ def _unknown_means_applied(self: MapperWorker, written: Any) -> bool:
 _real_reduce_and_commit = ReducerWorker._reduce_and_commit
 
 
-def _reducer_trusts_unknown(self: ReducerWorker, state: Any, new: Any, *args: Any) -> bool:
+def _reducer_trusts_unknown(self: ReducerWorker, state: Any, reduce: Any, *args: Any) -> bool:
     """Mutant (i): the reducer takes a commit with an unknown result as applied."""
+    rounds: list[Any] = []
+
+    def noted(*call: Any) -> Any:
+        rounds.append(reduce(*call))
+        return rounds[-1]
+
     try:
-        return _real_reduce_and_commit(self, state, new, *args)  # type: ignore[no-any-return]
+        return _real_reduce_and_commit(self, state, noted, *args)  # type: ignore[no-any-return]
     except CommitUnknownResultError:
-        self.last_state = new
+        self.last_state = rounds[-1].state
         return True
 
 
@@ -253,9 +264,12 @@ def _get_rows_ignoring_guid(
     max_rows: int,
     max_bytes: int,
     mapper_id: str,
+    **options: Any,
 ) -> tuple[int, int, bytes]:
     """Mutant (k): GetRows serves whoever calls, whatever mapper instance they meant."""
-    return _real_get_rows(self, reducer_index, committed_row_index, max_rows, max_bytes, self.guid)
+    return _real_get_rows(
+        self, reducer_index, committed_row_index, max_rows, max_bytes, self.guid, **options
+    )
 
 
 def _read_cut_without_check(self: MapperWorker, begin: int, end: int) -> ReadResult:
@@ -300,7 +314,17 @@ def _keep_spill(txn: Any, reducer_index: int, mapper_index: int, through: int) -
     """Mutant (o): the reducer leaves the spilled rows it committed in the store."""
 
 
+def _commit_every_fetched_row(self: PendingQueue, prefix: dict[int, int]) -> tuple[int, ...]:
+    """Mutant (p): a queue reducer commits every row it fetched, finished or not."""
+    return tuple(self.fetched)
+
+
 MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
+    "queue_reducer_commits_unfinished_rows": (
+        PendingQueue,
+        "committed_after",
+        _commit_every_fetched_row,
+    ),
     "reducer_state_committed_before_user_writes": (
         ReducerWorker,
         "_reduce_and_commit",
@@ -357,20 +381,11 @@ def _keep_numbering(self: MapperWorker, txn: StoreTransaction) -> Any:
 
 
 def commit_without_numbering_check(
-    self: ReducerWorker,
-    state: Any,
-    new: Any,
-    batch: Any,
-    ranges: Any,
-    payloads: Any,
-    _: Any,
-    consumed: Any = None,
+    self: ReducerWorker, state: Any, reduce: Any, fetched: int, _: Any
 ) -> bool:
     """At-least-once mutant (o): the reducer commits rows whatever instance served them
     (caught by a targeted replay in ``test_at_least_once_races.py``)."""
-    return _real_reduce_and_commit(  # type: ignore[no-any-return]
-        self, state, new, batch, ranges, payloads, {}, consumed
-    )
+    return _real_reduce_and_commit(self, state, reduce, fetched, {})  # type: ignore[no-any-return]
 
 
 AT_LEAST_ONCE_MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {

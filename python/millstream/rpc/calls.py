@@ -39,6 +39,12 @@ class GetRowsCall:
         gather_rows: A reducer folding a backlog: the mapper holds the call (at most
             ``wait_seconds``) until this many rows wait for the reducer, it has caught up
             with its input, or its window is half full (0: answer when any row is ready).
+        after_row_index: The reducer's fetch position when it keeps fetched rows pending
+            across commits (a queue reducer): rows come from after it, and the rows up to
+            it stay in the mapper's window until committed (None: after the committed
+            index).
+        shuffle_indices: Return each row's shuffle index too (the last column,
+            ``_core.SHUFFLE_INDEX_COLUMN``), so that a queue reducer can commit any prefix.
     """
 
     mapper_index: int
@@ -50,6 +56,8 @@ class GetRowsCall:
     max_bytes: int
     wait_seconds: float = 0.0
     gather_rows: int = 0
+    after_row_index: int | None = None
+    shuffle_indices: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,12 +65,15 @@ class GetRowsResult:
     """A mapper's answer: rows after the committed index, as one Arrow IPC stream.
 
     ``behind``: the mapper's last read filled a whole batch, so more rows follow at once.
+    ``input_ended``: the mapper read the whole of its bounded input, and these are the last
+    of its rows for the reducer after the reducer's position (nothing more will come).
     """
 
     row_count: int
     last_shuffle_row_index: int
     arrow_ipc: bytes
     behind: bool = False
+    input_ended: bool = False
 
 
 class NotAnsweredYet(TimeoutError):
@@ -92,9 +103,11 @@ class RowsClient(Protocol):
 class RowsWaiter(Protocol):
     """A handler that can also wait for rows (a GetRows that found none may wait)."""
 
-    def wait_for_rows(self, reducer_index: int, timeout_seconds: float) -> bool:
-        """Wait until rows for ``reducer_index`` may be ready, at most ``timeout_seconds``;
-        returns whether to look again."""
+    def wait_for_rows(
+        self, reducer_index: int, timeout_seconds: float, after_row_index: int | None = None
+    ) -> bool:
+        """Wait until rows for ``reducer_index`` (after ``after_row_index``, if given) may
+        be ready, at most ``timeout_seconds``; returns whether to look again."""
         ...
 
 
@@ -113,6 +126,27 @@ class RowsGatherer(Protocol):
         ...
 
 
+@runtime_checkable
+class RowsEnd(Protocol):
+    """A handler that knows when a reducer has fetched the last of its rows (the mapper)."""
+
+    def fetched_all(self, reducer_index: int, after_row_index: int) -> bool:
+        """Whether the whole (bounded) input was read and no row for ``reducer_index``
+        follows ``after_row_index``."""
+        ...
+
+
+def fetch_options(call: GetRowsCall) -> dict[str, int | bool]:
+    """The optional arguments of :meth:`RowsHandler.handle_get_rows` that ``call`` sets
+    (only those, so that handlers written before them keep working)."""
+    options: dict[str, int | bool] = {}
+    if call.after_row_index is not None:
+        options["after_row_index"] = call.after_row_index
+    if call.shuffle_indices:
+        options["shuffle_indices"] = True
+    return options
+
+
 class RowsHandler(Protocol):
     """What serves GetRows (the mapper worker)."""
 
@@ -123,6 +157,11 @@ class RowsHandler(Protocol):
         max_rows: int,
         max_bytes: int,
         mapper_id: str,
+        *,
+        after_row_index: int | None = None,
+        shuffle_indices: bool = False,
     ) -> tuple[int, int, bytes]:
-        """Thesis 4.3.4; returns (row_count, last_shuffle_row_index, Arrow IPC)."""
+        """Thesis 4.3.4; returns (row_count, last_shuffle_row_index, Arrow IPC). Rows come
+        from after ``after_row_index`` when given (a reducer's fetch position), with their
+        shuffle indices as a last column when ``shuffle_indices``."""
         ...

@@ -93,6 +93,9 @@ class GrpcRowsClient:
             wait_ms=round(call.wait_seconds * 1000),
             gather_rows=call.gather_rows,
         )
+        if call.after_row_index is not None:
+            request.after_row_index = call.after_row_index
+        request.shuffle_indices = call.shuffle_indices
         future: grpc.Future = self._stub(call.address).GetRows.future(
             request, timeout=self._timeout
         )
@@ -111,6 +114,7 @@ class GrpcRowsClient:
             response.last_shuffle_row_index,
             response.arrow_ipc,
             response.behind,
+            response.input_ended,
         )
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
@@ -126,8 +130,11 @@ class GrpcRowsClient:
         fresh = []  # calls made in this round: the only ones the round waits for
         for call in calls:
             entry = self._under_way.get(_key(call))
-            if entry is not None and entry[0].committed_row_index != call.committed_row_index:
-                entry[1].cancel()  # its answer would not continue from the committed index
+            if entry is not None and (
+                entry[0].committed_row_index != call.committed_row_index
+                or entry[0].after_row_index != call.after_row_index
+            ):
+                entry[1].cancel()  # its answer would not continue from the reducer's position
                 entry = None
             if entry is None:
                 entry = (call, self._start(call))

@@ -9,7 +9,13 @@ import grpc
 
 from millstream.exceptions import CommittedIndexError, StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.rpc.calls import RowsGatherer, RowsHandler, RowsWaiter, max_payload_bytes
+from millstream.rpc.calls import (
+    RowsEnd,
+    RowsGatherer,
+    RowsHandler,
+    RowsWaiter,
+    max_payload_bytes,
+)
 
 _MAX_WAIT_SECONDS = 30.0
 """The longest a call may be held waiting for rows, whatever the request says."""
@@ -27,6 +33,13 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         wait = max(0, request.wait_ms) / 1000 if request.count > 0 else 0.0
         deadline = time.monotonic() + min(wait, _MAX_WAIT_SECONDS)
         handler = self._handler
+        # Passed only when set, so handlers that predate fetch positions keep working.
+        after = (
+            {"after_row_index": request.after_row_index}
+            if request.HasField("after_row_index")
+            else {}
+        )
+        options = {**after, **({"shuffle_indices": True} if request.shuffle_indices else {})}
         try:
             if request.gather_rows > 0 and wait > 0 and isinstance(handler, RowsGatherer):
                 # Acknowledge the committed index first (frees memory, lets the mapper read
@@ -50,12 +63,13 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
                     max(0, request.count),
                     max_bytes,
                     request.mapper_id,
+                    **options,
                 )
                 left = deadline - time.monotonic()
                 if count or left <= 0 or not isinstance(handler, RowsWaiter):
                     break
                 if not context.is_active() or not handler.wait_for_rows(
-                    request.reducer_index, left
+                    request.reducer_index, left, **after
                 ):
                     break
         except StaleMapperError as exc:
@@ -67,6 +81,8 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
             last_shuffle_row_index=last,
             arrow_ipc=payload if count else b"",
             behind=isinstance(handler, RowsGatherer) and handler.behind,
+            input_ended=isinstance(handler, RowsEnd)
+            and handler.fetched_all(request.reducer_index, last),
         )
 
 

@@ -7,12 +7,15 @@
                              config={"windows": windows}, outputs=[sink], ...)
 
 Mappers combine each batch into partial aggregates per window and key (Arrow group-bys)
-and report their latest event time; reducers merge partials, keep open windows' partials
-in the store with their commits, and emit each window once it closes.
+and report their latest event time; reducers merge partials and emit each window once it
+closes. Two reducers: :class:`WindowReducer` keeps open windows' partials in the store
+with its commits (any number of open windows); :class:`PendingWindowReducer` keeps them
+pending in the mappers' memory (a persistent-queue reducer) and writes only the results.
 """
 
 from millstream.windows.mapper import WindowMapper
 from millstream.windows.partials import END, START, Plan
+from millstream.windows.pending import PendingWindowReducer
 from millstream.windows.reducer import WindowReducer, late_rows
 from millstream.windows.spec import FUNCTIONS, Windows
 
@@ -20,6 +23,7 @@ __all__ = [
     "END",
     "FUNCTIONS",
     "START",
+    "PendingWindowReducer",
     "Plan",
     "WindowMapper",
     "WindowReducer",

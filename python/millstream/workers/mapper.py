@@ -400,8 +400,13 @@ class MapperWorker:
         max_rows: int,
         max_bytes: int,
         mapper_id: str,
+        *,
+        after_row_index: int | None = None,
+        shuffle_indices: bool = False,
     ) -> tuple[int, int, bytes]:
         """Serve one GetRows; trims window entries as a side effect (TrimWindowEntries).
+        Rows come from after ``after_row_index`` when given (the reducer's fetch position),
+        with their shuffle indices as a last column when ``shuffle_indices``.
 
         Raises:
             StaleMapperError: ``mapper_id`` is not this instance's GUID.
@@ -417,17 +422,36 @@ class MapperWorker:
         if 0 <= reducer_index < self.processor.num_reducers:
             self.claims.record(reducer_index, committed_row_index)
             self._last_call[reducer_index] = self.clock.now()
-        return window.get_rows(reducer_index, committed_row_index, max_rows, max_bytes)
+        return window.get_rows(
+            reducer_index,
+            committed_row_index,
+            max_rows,
+            max_bytes,
+            after_row_index,
+            shuffle_indices,
+        )
 
-    def wait_for_rows(self, reducer_index: int, timeout_seconds: float) -> bool:
-        """Wait until the window holds rows for ``reducer_index``, at most
-        ``timeout_seconds``: a GetRows that found none answers as soon as some arrive
-        instead of the reducer polling. Returns whether to look again."""
+    def fetched_all(self, reducer_index: int, after_row_index: int) -> bool:
+        """Whether the whole (bounded) input is read and the window holds no row for
+        ``reducer_index`` after ``after_row_index``: that reducer has everything."""
+        ended = self.end_of_input  # read first: it turns true only after the last push
+        window = self.window
+        if not ended or window is None or not 0 <= reducer_index < self.processor.num_reducers:
+            return False
+        return window.bucket_len(reducer_index, after_row_index) == 0
+
+    def wait_for_rows(
+        self, reducer_index: int, timeout_seconds: float, after_row_index: int | None = None
+    ) -> bool:
+        """Wait until the window holds rows for ``reducer_index`` (after
+        ``after_row_index``, if given), at most ``timeout_seconds``: a GetRows that found
+        none answers as soon as some arrive instead of the reducer polling. Returns whether
+        to look again."""
         window = self.window
         if window is None or not 0 <= reducer_index < self.processor.num_reducers:
             return False
         return self._wait_on_window(
-            window, lambda: window.bucket_len(reducer_index) > 0, timeout_seconds
+            window, lambda: window.bucket_len(reducer_index, after_row_index) > 0, timeout_seconds
         )
 
     def gather(self, reducer_index: int, min_rows: int, timeout_seconds: float) -> None:

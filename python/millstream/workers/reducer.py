@@ -43,17 +43,35 @@ from millstream.ledger import (
 )
 from millstream.ledger.spill import clear_spill, read_spill, spill_pending
 from millstream.outputs import StagedOutputs, finish_publishing, seal_queues
+from millstream.queue_reducer import QueueReducer
 from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
-from millstream.state import Store
+from millstream.state import Store, StoreTransaction
 from millstream.state.replay import ReplayingTransaction
 from millstream.workers.cadence import CommitCadence
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 from millstream.workers.discovery import DiscoveryView
+from millstream.workers.pending import PendingQueue
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
 
 log = logging.getLogger("millstream.reducer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """What one reducer transaction commits besides the user's writes.
+
+    Attributes:
+        state: The committed indices to write.
+        rows: Rows the transaction covers (reduced, or finished by a queue reducer).
+        consumed: Spilled rows the transaction holds (mapper: shuffle index): their chunks
+            are cleared in it.
+    """
+
+    state: ReducerState
+    rows: int
+    consumed: Mapping[int, int]
 
 
 class ReducerWorker:
@@ -122,6 +140,14 @@ class ReducerWorker:
         self.on_committed: Callable[[float, int, int, int], None] | None = None
         """Told each commit's latency (seconds), bytes written, rows reduced and Arrow
         bytes fetched: the metrics hook."""
+        self.pending = (
+            PendingQueue(processor.num_mappers) if isinstance(self.user, QueueReducer) else None
+        )
+        """A queue reducer's rows fetched and not committed (None for a plain reducer)."""
+        self._ended: set[int] = set()
+        """Queue reducer: mappers that said the reducer has fetched the last of their rows."""
+        self._told_ended: frozenset[int] | None = None
+        """Queue reducer: the ended mappers its last ``process`` was told of."""
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
         """Steps 2-3: the persisted state, live mappers, and mappers already drained.
@@ -181,7 +207,7 @@ class ReducerWorker:
     def gathering(self) -> bool:
         """Whether the next fetch lets the mappers gather a full commit's worth of rows
         (:attr:`~millstream.Tuning.gather_seconds`) instead of following the cadence."""
-        return self.behind and self.tuning.gather_seconds > 0
+        return self.behind and self.tuning.gather_seconds > 0 and self.pending is None
 
     def _gather_rows(self, max_rows: int, max_bytes: int) -> int:
         """Rows each mapper should gather for this reducer before answering (0: none)."""
@@ -225,6 +251,8 @@ class ReducerWorker:
         }
         if self._await_missing_mappers(len(live) + len(drained)):
             return False
+        if self.pending is not None:
+            return self._run_queue_once(self.pending, state, live, drained)
         max_rows, max_bytes = self._caps(len(live))
         gather = self._gather_rows(max_rows, max_bytes)
         poll = min(
@@ -300,15 +328,18 @@ class ReducerWorker:
             batch = self._with_spilled(batch, [part for part, _, _ in spilled.values()])
         consumed = {m: last for m, (_, last, _) in spilled.items()}
         served_by = {call.mapper_index: call.mapper_guid for call in calls}
+
+        def reduce(txn: StoreTransaction, outputs: StagedOutputs) -> Round:
+            self._user_code(
+                lambda: self.user.reduce(batch, Transaction(txn, outputs)),
+                f"reduce of reducer {self.index} raised on {batch.num_rows} rows "
+                f"({'; '.join(ranges)})",
+            )
+            return Round(ReducerState(tuple(new)), batch.num_rows, consumed)
+
         try:
             committed = self._reduce_and_commit(
-                state,
-                ReducerState(tuple(new)),
-                batch,
-                ranges,
-                payloads,
-                {m: served_by[m] for m in senders},
-                consumed,
+                state, reduce, sum(map(len, payloads)), {m: served_by[m] for m in senders}
             )
         except (TransactionTooLargeError, TransactionTooOldError) as exc:
             if batch.num_rows <= 1 and isinstance(exc, TransactionTooLargeError):
@@ -336,6 +367,103 @@ class ReducerWorker:
             self._rescale(self.last_write_size, self.store.limits.max_transaction_bytes)
             if self.tuning.acknowledge_commits:
                 self.acknowledge(calls, new, senders)
+            self._notify_commit()
+        return committed
+
+    def _run_queue_once(
+        self,
+        queue: PendingQueue,
+        state: ReducerState,
+        live: dict[int, WorkerInfo],
+        drained: set[int],
+    ) -> bool:
+        """One round of a queue reducer: fetch the rows after the fetch positions, give
+        every pending row to ``process``, commit the finished prefix per mapper with what
+        it wrote. Returns whether a transaction was committed.
+
+        ``process`` runs when rows arrived, the ended mappers changed, or the last round's
+        commit failed; a round that finishes and writes nothing commits nothing.
+        """
+        changed = queue.follow(state.committed_row_indices)
+        max_rows, max_bytes = self._caps(len(live))
+        poll = min(self.tuning.get_rows_poll_seconds, self.tuning.rpc_timeout_seconds / 2)
+        calls = [
+            GetRowsCall(
+                m,
+                info.address,
+                info.guid,
+                self.index,
+                state.committed_row_indices[m],
+                max_rows,
+                max_bytes,
+                poll,
+                after_row_index=queue.fetched[m],
+                shuffle_indices=True,
+            )
+            for m, info in sorted(live.items())
+        ]
+        results = self.rows_client.get_rows_many(calls) if calls else []
+        answers: dict[int, GetRowsResult] = {}
+        for call, result in zip(calls, results, strict=True):
+            if isinstance(result, NotAnsweredYet):
+                continue
+            if not isinstance(result, GetRowsResult):
+                self._note_error(f"GetRows from mapper {call.mapper_index}", result)
+                continue
+            if call.after_row_index == queue.fetched[call.mapper_index]:
+                answers[call.mapper_index] = result
+        self.capped = any(
+            result.row_count >= max_rows or len(result.arrow_ipc) >= max_bytes // 2
+            for result in answers.values()
+        )
+        # Spilled rows come before the window's (see run_once): a mapper with some has its
+        # answer used in a later round.
+        spill_waits, spilled = self._read_spilled(tuple(queue.fetched), max_bytes, indices=True)
+        arrived = 0
+        for m, (rows, _, size) in spilled.items():
+            answers.pop(m, None)
+            arrived += queue.add(m, rows)
+            self.capped = self.capped or size >= max_bytes
+        fetched_bytes = sum(size for _, _, size in spilled.values())
+        for m, result in sorted(answers.items()):
+            if result.row_count:
+                arrived += queue.add(m, _core.decode_ipc([result.arrow_ipc]))
+            if result.input_ended:
+                self._ended.add(m)
+            fetched_bytes += len(result.arrow_ipc)
+        ended = frozenset(drained) | (frozenset() if spill_waits else frozenset(self._ended))
+        if not len(queue) or not (arrived or changed or ended != self._told_ended):
+            return False
+        pending = queue.view(ended)
+        self._told_ended = None  # until this round's commit settles
+
+        user = self.user
+        assert isinstance(user, QueueReducer)
+
+        def process(txn: StoreTransaction, outputs: StagedOutputs) -> Round | None:
+            self._user_code(
+                lambda: user.process(pending, Transaction(txn, outputs)),
+                f"process of reducer {self.index} raised on {len(pending)} pending rows",
+            )
+            prefix = pending.finished_prefix()
+            new = queue.committed_after(prefix)
+            if (
+                new == state.committed_row_indices
+                and txn.write_size == 0
+                and not outputs.rows_appended
+                and not outputs.files_staged
+            ):
+                self._told_ended = ended  # nothing to commit: the round is settled
+                return None
+            consumed = dict(enumerate(new)) if spill_waits or spilled else {}
+            return Round(ReducerState(new), sum(prefix.values()), consumed)
+
+        committed = self._reduce_and_commit(state, process, fetched_bytes, {})
+        if committed and self.last_state is not None:
+            queue.follow(self.last_state.committed_row_indices)
+            self._told_ended = ended
+            if self.tuning.acknowledge_commits:
+                self.acknowledge(calls, list(self.last_state.committed_row_indices), list(live))
             self._notify_commit()
         return committed
 
@@ -383,12 +511,12 @@ class ReducerWorker:
             self.rows_client.acknowledge_many(acks)
 
     def _read_spilled(
-        self, committed: tuple[int, ...], max_bytes: int
+        self, committed: tuple[int, ...], max_bytes: int, *, indices: bool = False
     ) -> tuple[bool, dict[int, tuple[pa.RecordBatch, int, int]]]:
-        """Rows mappers spilled for this reducer (a straggler) after its committed indices:
-        whether any chunk waits for it at all, and per mapper the rows (their shuffle index
-        column dropped), the last shuffle index read and the bytes read; about
-        ``max_bytes`` per mapper."""
+        """Rows mappers spilled for this reducer (a straggler) after its committed indices
+        (a queue reducer: its fetch positions): whether any chunk waits for it at all, and
+        per mapper the rows (their shuffle index column dropped unless ``indices``), the
+        last shuffle index read and the bytes read; about ``max_bytes`` per mapper."""
         out: dict[int, tuple[pa.RecordBatch, int, int]] = {}
         with self.store.read() as txn:
             if not spill_pending(txn, self.index):
@@ -405,7 +533,8 @@ class ReducerWorker:
                 fresh = np.ones(len(index), dtype=bool)
                 fresh[1:] = index[1:] != index[:-1]
                 rows = rows.filter(pa.array(fresh & (index > after)))
-                rows = rows.drop_columns([_core.SHUFFLE_INDEX_COLUMN])
+                if not indices:
+                    rows = rows.drop_columns([_core.SHUFFLE_INDEX_COLUMN])
                 out[m] = (rows, chunks[-1][0], sum(len(p) for _, p in chunks))
         return True, out
 
@@ -464,17 +593,31 @@ class ReducerWorker:
             ) from exc
         return table.combine_chunks().to_batches()[0]
 
+    def _user_code(self, call: Callable[[], object], what: str) -> None:
+        """Run the user's ``reduce`` or ``process``; its errors (not the store's) become a
+        :class:`UserCodeError` that says ``what`` and that nothing was committed."""
+        try:
+            call()
+        except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
+            raise
+        except Exception as exc:
+            raise UserCodeError(
+                f"{what}: {exc!r}. Nothing of this batch was committed; fix the reducer and "
+                "restart the processor"
+            ) from exc
+
     def _reduce_and_commit(
         self,
         state: ReducerState,
-        new: ReducerState,
-        batch: pa.RecordBatch,
-        ranges: list[str],
-        payloads: list[bytes],
+        reduce: Callable[[StoreTransaction, StagedOutputs], Round | None],
+        fetched: int,
         served_by: dict[int, str],
-        consumed: Mapping[int, int] | None = None,
     ) -> bool:
         """Steps 5-8: reduce inside a transaction, re-check the state, write it, commit.
+
+        ``reduce`` runs the user's code through the transaction and says what to commit
+        with it (a :class:`Round`), or None to commit nothing (a queue reducer's round that
+        finished and wrote nothing); ``fetched`` is the Arrow bytes the rows took.
 
         At least once, the transaction also checks that every mapper instance in
         ``served_by`` (mapper index: GUID of the instance that served its rows) still owns
@@ -488,22 +631,16 @@ class ReducerWorker:
         commits instead of failing as too old for ever; its reads stay conflict-checked, and
         the re-read of the reducer's state below is one of them.
         """
-        fetched = sum(map(len, payloads))
         begun = self.clock.now()
         txn = ReplayingTransaction(self.store)
         outputs = self._staged_outputs()
         try:
             with outputs.settled_with(txn):
-                try:
-                    self.user.reduce(batch, Transaction(txn, outputs))
-                except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
-                    raise
-                except Exception as exc:
-                    raise UserCodeError(
-                        f"reduce of reducer {self.index} raised on {batch.num_rows} rows "
-                        f"({'; '.join(ranges)}): {exc!r}. Nothing of this batch was committed; "
-                        "fix the reducer and restart the processor"
-                    ) from exc
+                done = reduce(txn, outputs)
+                if done is None:
+                    txn.reset()
+                    return False
+                new, rows, consumed = done.state, done.rows, done.consumed
                 if read_reducer_state(txn, self.index, self.processor.num_mappers) != state:
                     self.split_brains += 1
                     txn.reset()
@@ -523,9 +660,9 @@ class ReducerWorker:
                         txn.reset()
                         return False
                 write_reducer_state(txn, self.index, new)
-                for m, through in (consumed or {}).items():
+                for m, through in consumed.items():
                     clear_spill(txn, self.index, m, through)
-                txn.add(reduced_key(self.index, "rows"), batch.num_rows)
+                txn.add(reduced_key(self.index, "rows"), rows)
                 txn.add(reduced_key(self.index, "bytes"), fetched)
                 txn.add(reduced_key(self.index, "commits"), 1)
                 outputs.apply(txn)
@@ -544,8 +681,8 @@ class ReducerWorker:
         self.last_transaction_seconds = self.clock.now() - begun
         self.commits += 1
         if self.on_committed is not None:
-            self.on_committed(latency, size, batch.num_rows, fetched)
-        self.rows_reduced += batch.num_rows
+            self.on_committed(latency, size, rows, fetched)
+        self.rows_reduced += rows
         self.bytes_fetched += fetched
         return True
 

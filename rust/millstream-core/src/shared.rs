@@ -152,6 +152,30 @@ impl SharedWindow {
         max_rows: i64,
         max_bytes: i64,
     ) -> Result<GetRowsResult> {
+        self.get_rows_after(
+            reducer_index,
+            committed_row_index,
+            committed_row_index,
+            max_rows,
+            max_bytes,
+            false,
+        )
+    }
+
+    /// [`get_rows`](Self::get_rows) for a reducer that keeps fetched rows pending across
+    /// commits: the rows come from after `after_row_index` (its fetch position) when that
+    /// is beyond the committed index, so it is sent only the rows it has not fetched yet;
+    /// with `shuffle_indices` the rows carry their shuffle indices (see
+    /// [`Window::peek_rows`]).
+    pub fn get_rows_after(
+        &self,
+        reducer_index: i64,
+        committed_row_index: i64,
+        after_row_index: i64,
+        max_rows: i64,
+        max_bytes: i64,
+        shuffle_indices: bool,
+    ) -> Result<GetRowsResult> {
         let rows = {
             let mut inner = self.lock()?;
             let trimmed = inner
@@ -160,13 +184,16 @@ impl SharedWindow {
             if trimmed {
                 self.room.notify_all();
             }
-            inner.window.peek_rows(reducer_index, max_rows, max_bytes)?
+            let after = after_row_index.max(committed_row_index);
+            inner
+                .window
+                .peek_rows(reducer_index, after, max_rows, max_bytes, shuffle_indices)?
         };
         if rows.is_empty() {
             // An acknowledgement, or nothing new: no stream to encode.
             return Ok(GetRowsResult {
                 row_count: 0,
-                last_shuffle_row_index: committed_row_index,
+                last_shuffle_row_index: rows.last_shuffle_row_index,
                 payload: IpcPayload::default(),
             });
         }

@@ -252,6 +252,28 @@ fn check(window: &Window, model: &Model) {
         let q = &model.queue[r as usize];
         assert_eq!(window.pending_shuffle_indices(i64::from(r)).unwrap(), *q);
         assert_eq!(window.bucket_len(i64::from(r)).unwrap(), q.len() as u64);
+        // A fetch position anywhere in the bucket: the rows after it, and how many.
+        let positions = [
+            q.first().map_or(-1, |&i| i - 1),
+            q.get(q.len() / 3).copied().unwrap_or(-1),
+            q.get(q.len() / 2).copied().unwrap_or(-1),
+            q.last().copied().unwrap_or(-1),
+        ];
+        for after in positions {
+            let expected: Vec<i64> = q.iter().copied().filter(|&i| i > after).collect();
+            let len = window.bucket_len_after(i64::from(r), after).unwrap();
+            assert_eq!(len, expected.len() as u64, "rows after {after}");
+            let rows = window
+                .peek_rows(i64::from(r), after, i64::MAX, i64::MAX, true)
+                .unwrap();
+            assert_eq!(values(&rows.batches), expected, "rows after {after}");
+            assert_eq!(rows.shuffle_indices.as_ref(), Some(&expected));
+            let last = expected
+                .last()
+                .copied()
+                .unwrap_or(after.max(window.bucket(i64::from(r)).unwrap().committed_row_index));
+            assert_eq!(rows.last_shuffle_row_index, last);
+        }
     }
 }
 

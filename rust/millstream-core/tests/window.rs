@@ -5,7 +5,10 @@ use std::thread;
 use std::time::Duration;
 
 use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, UInt32Array};
-use millstream_core::{Error, LocalMapperState, Room, SharedWindow, Window, WindowOptions};
+use arrow_buffer::Buffer;
+use millstream_core::{
+    ipc, Error, LocalMapperState, Room, SharedWindow, Window, WindowOptions, SHUFFLE_INDEX_COLUMN,
+};
 
 fn window(num_reducers: u32, memory_limit_bytes: u64) -> Window {
     Window::new(WindowOptions {
@@ -433,5 +436,39 @@ fn room_can_be_reserved_for_the_next_batch() {
             .unwrap(),
         Room::Available,
         "an empty window always has room"
+    );
+}
+
+#[test]
+fn a_fetch_position_serves_rows_after_it_with_their_shuffle_indices() {
+    // Reducer 0 holds every 20th row: shuffle indices 0, 20, 40, ...
+    let (batch, reducers) = skewed(1_000, 20, 10);
+    let mut w = window(2, u64::MAX);
+    w.push(batch, &reducers, 1, Vec::new()).unwrap();
+    let reducer_0 = |n: i64| (0..n).map(|i| i * 20).collect::<Vec<_>>();
+    // Fetched through 200, committed nothing: the rows after 200, and the bucket keeps all.
+    let rows = w.peek_rows(0, 200, i64::MAX, i64::MAX, true).unwrap();
+    assert_eq!(rows.shuffle_indices.as_deref(), Some(&reducer_0(50)[11..]));
+    assert_eq!(rows.last_shuffle_row_index, 980);
+    assert_eq!(w.bucket_len(0).unwrap(), 50);
+    assert_eq!(w.bucket_len_after(0, 200).unwrap(), 39);
+    assert_eq!(w.bucket_len_after(0, 980).unwrap(), 0);
+    // The stream carries the indices as its last column, and the byte cap counts them.
+    let cap = 1_000;
+    let rows = w.peek_rows(0, 200, i64::MAX, cap, true).unwrap();
+    let payload = rows.to_ipc().unwrap();
+    assert!(payload.len() as i64 <= cap, "{} bytes", payload.len());
+    assert!(
+        rows.row_count > 1 && rows.row_count < 39,
+        "{} rows",
+        rows.row_count
+    );
+    let decoded = ipc::decode_concat([Buffer::from_vec(payload.to_vec())]).unwrap();
+    let column = decoded.column(decoded.num_columns() - 1);
+    let indices = column.as_any().downcast_ref::<Int64Array>().unwrap();
+    assert_eq!(indices.values().to_vec(), rows.shuffle_indices.unwrap());
+    assert_eq!(
+        decoded.schema().field(decoded.num_columns() - 1).name(),
+        SHUFFLE_INDEX_COLUMN
     );
 }

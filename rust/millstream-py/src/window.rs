@@ -96,6 +96,11 @@ impl PyWindow {
         })??)
     }
 
+    #[pyo3(signature = (
+        reducer_index, committed_row_index, max_rows, max_bytes, after_row_index=None,
+        shuffle_indices=false,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn get_rows<'py>(
         &self,
         py: Python<'py>,
@@ -103,10 +108,19 @@ impl PyWindow {
         committed_row_index: i64,
         max_rows: i64,
         max_bytes: i64,
+        after_row_index: Option<i64>,
+        shuffle_indices: bool,
     ) -> BindingResult<(u64, i64, Bound<'py, PyBytes>)> {
+        let after = after_row_index.unwrap_or(committed_row_index);
         let result = detached(py, || {
-            self.inner
-                .get_rows(reducer_index, committed_row_index, max_rows, max_bytes)
+            self.inner.get_rows_after(
+                reducer_index,
+                committed_row_index,
+                after,
+                max_rows,
+                max_bytes,
+                shuffle_indices,
+            )
         })??;
         let payload = &result.payload;
         let bytes = PyBytes::new_with(py, payload.len(), |out| {
@@ -209,8 +223,12 @@ impl PyWindow {
         Ok(self.inner.close()?)
     }
 
-    fn bucket_len(&self, reducer_index: i64) -> BindingResult<u64> {
-        Ok(self.read(|w| w.bucket_len(reducer_index))??)
+    #[pyo3(signature = (reducer_index, after_row_index=None))]
+    fn bucket_len(&self, reducer_index: i64, after_row_index: Option<i64>) -> BindingResult<u64> {
+        Ok(self.read(|w| match after_row_index {
+            None => w.bucket_len(reducer_index),
+            Some(after) => w.bucket_len_after(reducer_index, after),
+        })??)
     }
 
     fn pending_shuffle_indices(&self, reducer_index: i64) -> BindingResult<Vec<i64>> {

@@ -21,16 +21,19 @@ from millstream.exceptions import (
 )
 from millstream.ledger import (
     OUTPUT,
+    ReducerState,
     list_workers,
     read_mapper_state,
     read_reducer_state,
     register_worker,
 )
+from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import RowsHandler
-from millstream.state import Store, decode_int64, encode_int64, open_store
+from millstream.state import Store, StoreTransaction, decode_int64, encode_int64, open_store
 from millstream.state.limits import StoreLimits
 from millstream.testing import InProcessTransport
 from millstream.workers import Heartbeat, ManualClock, MapperWorker, ReducerWorker
+from millstream.workers.reducer import Round
 from worker_fixtures import (
     BATCH_ROWS,
     ROWS_PER_PARTITION,
@@ -229,6 +232,17 @@ def test_mapper_split_brain_restarts_ingestion(cluster: Cluster) -> None:
     assert cluster.output() == _expected(cluster.tables)
 
 
+def _commit_one_row(worker: ReducerWorker, state: ReducerState) -> bool:
+    """Reduce one row of key 1 and commit it with ``state`` unchanged (a stale view)."""
+    batch = pa.record_batch({"key": pa.array([1], pa.int64())})
+
+    def reduce(txn: StoreTransaction, outputs: StagedOutputs) -> Round:
+        worker.user.reduce(batch, ms.Transaction(txn, outputs))
+        return Round(state, batch.num_rows, {})
+
+    return worker._reduce_and_commit(state, reduce, 0, {})
+
+
 def test_reducer_split_brain_commits_once(cluster: Cluster) -> None:
     for mapper in cluster.mappers.values():
         mapper.ingest_once()
@@ -242,14 +256,7 @@ def test_reducer_split_brain_commits_once(cluster: Cluster) -> None:
     # Both read the same state and fetch the same rows; the second commit must fail.
     state, _, _ = twin._read_view()
     assert cluster.reducers[0].run_once()
-    assert not twin._reduce_and_commit(
-        state,
-        state,
-        pa.record_batch({"key": pa.array([1], pa.int64())}),
-        ["test"],
-        [b""],
-        {},
-    )
+    assert not _commit_one_row(twin, state)
     assert twin.split_brains == 1
     cluster.reducers[twin.index] = twin
     cluster.run_to_end()
@@ -456,9 +463,7 @@ def test_on_commit_follows_every_commit_and_only_commits(tmp_path: Path, fail: b
     twin = ReducerWorker(c.processor, 0, c.store, InProcessTransport(c.handlers), clock=c.clock)
     state, _, _ = reducer._read_view()
     assert twin.run_once()
-    assert not reducer._reduce_and_commit(
-        state, state, pa.record_batch({"key": pa.array([1], pa.int64())}), ["test"], [b""], {}
-    )
+    assert not _commit_one_row(reducer, state)
     assert user.committed == []
     c.run_to_end()
     assert c.output() == _expected(c.tables)

@@ -177,7 +177,11 @@ pub fn spill_schema(schema: &Schema) -> SchemaRef {
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
-fn with_indices(schema: &SchemaRef, batch: &RecordBatch, indices: &[i64]) -> Result<RecordBatch> {
+pub(super) fn with_indices(
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+    indices: &[i64],
+) -> Result<RecordBatch> {
     let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
     columns.push(Arc::new(Int64Array::from(indices.to_vec())));
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| Error::InvalidArgument(e.to_string()))

@@ -1,0 +1,117 @@
+"""A queue reducer's pending rows: fetched from the mappers, not committed yet.
+
+Per mapper the rows after the reducer's committed index, in shuffle order, with their
+shuffle indices (a queue reducer asks for them), and the fetch position: the next GetRows
+asks for rows after it, so the mappers send every row once while it stays in their
+windows until committed. Committing a prefix per mapper drops it here; after a failure a
+new instance starts from the committed indices and fetches the rest again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from millstream import _core
+from millstream.exceptions import UserCodeError
+from millstream.queue_reducer import PendingRows
+
+
+class PendingQueue:
+    """The pending rows of one reducer instance, per mapper.
+
+    Args:
+        num_mappers: The processor's mappers.
+    """
+
+    def __init__(self, num_mappers: int) -> None:
+        self.num_mappers = num_mappers
+        self.base: tuple[int, ...] | None = None
+        """The committed indices the pending rows follow (None: not read yet)."""
+        self.fetched: list[int] = [-1] * num_mappers
+        """Per mapper, the shuffle index of the last row fetched (the fetch position)."""
+        self._rows: list[list[pa.RecordBatch]] = [[] for _ in range(num_mappers)]
+        self._indices: list[list[np.ndarray]] = [[] for _ in range(num_mappers)]
+        self.arrived = 0
+        """Rows added since the last :meth:`view`."""
+
+    def follow(self, committed: tuple[int, ...]) -> bool:
+        """Align with the committed indices read from the store: drop the rows at or below
+        them (committed by this instance, or by another one of this reducer). Returns
+        whether anything changed."""
+        if committed == self.base:
+            return False
+        self.base = committed
+        for m, through in enumerate(committed):
+            self.fetched[m] = max(self.fetched[m], through)
+            self._drop_through(m, through)
+        return True
+
+    def _drop_through(self, m: int, through: int) -> None:
+        rows, indices = self._rows[m], self._indices[m]
+        while indices and indices[0][-1] <= through:
+            rows.pop(0)
+            indices.pop(0)
+        if indices and indices[0][0] <= through:
+            keep = int(np.searchsorted(indices[0], through, side="right"))
+            rows[0] = rows[0].slice(keep)
+            indices[0] = indices[0][keep:]
+
+    def add(self, m: int, rows: pa.RecordBatch) -> int:
+        """Add rows of mapper ``m`` that carry their shuffle indices (the last column);
+        returns how many were new (after the fetch position)."""
+        indices = rows.column(_core.SHUFFLE_INDEX_COLUMN).to_numpy()
+        rows = rows.drop_columns([_core.SHUFFLE_INDEX_COLUMN])
+        fresh = indices > self.fetched[m]
+        if not fresh.all():
+            keep = int(np.searchsorted(indices, self.fetched[m], side="right"))
+            rows, indices = rows.slice(keep), indices[keep:]
+        if not len(indices):
+            return 0
+        self._rows[m].append(rows)
+        self._indices[m].append(indices)
+        self.fetched[m] = int(indices[-1])
+        self.arrived += len(indices)
+        return len(indices)
+
+    def __len__(self) -> int:
+        return sum(len(i) for chunks in self._indices for i in chunks)
+
+    def view(self, ended: frozenset[int]) -> PendingRows:
+        """Every pending row, mapper after mapper, for the user's ``process``."""
+        tables = [
+            pa.Table.from_batches(self._rows[m]) for m in range(self.num_mappers) if self._rows[m]
+        ]
+        mappers = np.concatenate(
+            [
+                np.full(sum(len(i) for i in self._indices[m]), m, dtype=np.int32)
+                for m in range(self.num_mappers)
+            ]
+        )
+        try:
+            rows = (
+                pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+            )
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise UserCodeError(
+                f"the mappers' rows have incompatible schemas ({exc}). Every mapper's map "
+                "must return columns of compatible types"
+            ) from exc
+        arrived, self.arrived = self.arrived, 0
+        return PendingRows(rows, mappers, ended, arrived)
+
+    def committed_after(self, prefix: dict[int, int]) -> tuple[int, ...]:
+        """The committed indices once ``prefix`` (mapper: rows finished from its first
+        pending row on) is committed."""
+        assert self.base is not None
+        out = list(self.base)
+        for m, n in prefix.items():
+            if n <= 0:
+                continue
+            at = n - 1
+            for indices in self._indices[m]:
+                if at < len(indices):
+                    out[m] = int(indices[at])
+                    break
+                at -= len(indices)
+        return tuple(out)
