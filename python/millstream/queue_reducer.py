@@ -54,7 +54,7 @@ class PendingRows:
         ]
 
     def __len__(self) -> int:
-        return self.rows.num_rows
+        return int(self.rows.num_rows)
 
     def finish(
         self, rows: pa.Array | pa.ChunkedArray | np.ndarray | Sequence[bool]

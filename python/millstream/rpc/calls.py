@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 GET_ROWS_ENVELOPE_BYTES = 64
 """Bytes a ``GetRowsResponse`` takes besides its Arrow IPC payload: the tags and varints of
@@ -136,10 +136,10 @@ class RowsEnd(Protocol):
         ...
 
 
-def fetch_options(call: GetRowsCall) -> dict[str, int | bool]:
+def fetch_options(call: GetRowsCall) -> dict[str, Any]:
     """The optional arguments of :meth:`RowsHandler.handle_get_rows` that ``call`` sets
     (only those, so that handlers written before them keep working)."""
-    options: dict[str, int | bool] = {}
+    options: dict[str, Any] = {}
     if call.after_row_index is not None:
         options["after_row_index"] = call.after_row_index
     if call.shuffle_indices:

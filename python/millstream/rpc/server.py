@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 
@@ -39,7 +40,9 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
             if request.HasField("after_row_index")
             else {}
         )
-        options = {**after, **({"shuffle_indices": True} if request.shuffle_indices else {})}
+        options: dict[str, Any] = dict(after)
+        if request.shuffle_indices:
+            options["shuffle_indices"] = True
         try:
             if request.gather_rows > 0 and wait > 0 and isinstance(handler, RowsGatherer):
                 # Acknowledge the committed index first (frees memory, lets the mapper read

@@ -20,6 +20,8 @@ partials, which must fit their windows' memory limit. Late rows are dropped, not
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,17 +68,11 @@ class PendingWindowReducer(QueueReducer):
         raw = txn.get(self._space("closed"))
         closed = None if raw is None else int(unpack(raw)[0])
         raw = txn.get(self._space("watermarks"))
-        marks = {} if raw is None else {int(m): int(t) for m, t in _pairs(unpack(raw))}
+        stored = {} if raw is None else {int(m): int(t) for m, t in _pairs(unpack(raw))}
         is_mark = pc.is_valid(table[MAPPER]).combine_chunks()
-        reported = table.filter(is_mark)
-        if reported.num_rows:
-            latest = reported.group_by(MAPPER, use_threads=False).aggregate([(WATERMARK, "max")])
-            for m, t in zip(
-                latest[MAPPER].to_pylist(),
-                pc.cast(latest[f"{WATERMARK}_max"], pa.int64()).to_pylist(),
-                strict=True,
-            ):
-                marks[int(m)] = max(marks.get(int(m), t), t)
+        # Every row of a mapper before a pending watermark row is pending too (or finished),
+        # so this round may go by them; only finished ones are stored (below).
+        marks = _latest(table.filter(is_mark), stored)
         watermark = self._watermark(marks, pending.ended_mappers)
         if watermark is None or (closed is not None and watermark < closed):
             watermark = closed
@@ -99,9 +95,13 @@ class PendingWindowReducer(QueueReducer):
             closing = table.filter(pa.array(fresh)).drop_columns([MAPPER, WATERMARK])
             txn.emit(windows.output, finish(merge([closing], plan), windows, plan, kind))
         if fresh.any() or pc.any(finished).as_py():
+            # A stored watermark is one of a finished row: every row of its mapper before it
+            # is finished, so a new instance that has not fetched the pending rows yet
+            # cannot go by a watermark of rows it has not seen.
+            kept = _latest(table.filter(pc.and_(is_mark, finished)), stored)
             txn.set(
                 self._space("watermarks"),
-                pack(tuple(v for m in sorted(marks) for v in (m, marks[m]))),
+                pack(tuple(v for m in sorted(kept) for v in (m, kept[m]))),
             )
             if watermark is not None and watermark != closed:
                 txn.set(self._space("closed"), pack((watermark,)))
@@ -117,7 +117,22 @@ class PendingWindowReducer(QueueReducer):
         return min(marks[m] for m in waiting)
 
 
-def _pairs(values: tuple[object, ...]) -> list[tuple[object, object]]:
+def _latest(reported: pa.Table, marks: dict[int, int]) -> dict[int, int]:
+    """``marks`` (mapper: latest event time) updated with watermark rows ``reported``."""
+    out = dict(marks)
+    if not reported.num_rows:
+        return out
+    latest = reported.group_by(MAPPER, use_threads=False).aggregate([(WATERMARK, "max")])
+    for m, t in zip(
+        latest[MAPPER].to_pylist(),
+        pc.cast(latest[f"{WATERMARK}_max"], pa.int64()).to_pylist(),
+        strict=True,
+    ):
+        out[int(m)] = max(out.get(int(m), t), t)
+    return out
+
+
+def _pairs(values: tuple[Any, ...]) -> list[tuple[Any, Any]]:
     return list(zip(values[::2], values[1::2], strict=True))
 
 

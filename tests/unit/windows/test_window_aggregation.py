@@ -279,3 +279,54 @@ def test_a_drained_mapper_no_longer_holds_the_watermark(
         MINUTE,
     )
     c.store.close()
+
+
+def test_a_restarted_pending_reducer_waits_for_the_rows_it_fetches_again(
+    tmp_path: Path, reducer: type[ms.Reducer]
+) -> None:
+    """Mapper 1 reads far ahead of mapper 0 (200 s of events against 70 s), so reducers
+    hold many of its rows pending when the first minute closes; then every reducer
+    restarts while mapper 1 cannot be reached, and mapper 0 reads on. The watermark of
+    rows a new instance has not fetched again must not close a window (the bug this
+    catches: storing the watermark of pending rows, not only of finished ones)."""
+    from test_worker_steps import Cluster
+
+    tables = stream(2, 25_000, disorder=100)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    windows = ms.windows.Windows(
+        time="ts", key="key", size=MINUTE, lateness=100, aggregates=AGGREGATES, output="windows"
+    )
+    c = Cluster(
+        tmp_path,
+        tables,
+        mapper=ms.windows.WindowMapper,
+        reducer=reducer,
+        config={"windows": windows},
+        outputs=[sink],
+    )
+    for _ in range(200):  # 100-row batches of 1 s of events
+        c.mappers[1].ingest_once()
+    for _ in range(70):
+        c.mappers[0].ingest_once()
+    for _ in range(150):
+        for worker in c.reducers.values():
+            worker.run_once()
+    assert set(sink.read()["window_start"].to_pylist()) == {0}, "the first minute closed"
+    for r in range(2):
+        c.start_reducer(r)
+    address = next(a for a, h in c.handlers.items() if h is c.mappers[1])
+    away = c.handlers.pop(address)
+    for _ in range(100):
+        c.mappers[0].ingest_once()
+        for worker in c.reducers.values():
+            worker.run_once()
+    c.handlers[address] = away
+    c.run_to_end()
+    for worker in c.reducers.values():
+        assert worker.finish()
+    _check(
+        sink.read().sort_by([("window_start", "ascending"), ("key", "ascending")]),
+        expected(tables, MINUTE, MINUTE),
+        MINUTE,
+    )
