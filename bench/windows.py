@@ -107,6 +107,12 @@ def expected(data: Path) -> dict[tuple[int, int], tuple[int, int]]:
 # --------------------------------------------------------------------------- millstream
 
 
+REDUCERS = {
+    "stored": "WindowReducer",
+    "pending": "PendingWindowReducer",
+}
+
+
 def millstream_child(args: argparse.Namespace) -> None:
     """Run the two-stage pipeline to the end; write the results as JSON."""
     import millstream as ms
@@ -126,7 +132,7 @@ def millstream_child(args: argparse.Namespace) -> None:
     )
     first = ms.Processor(
         mapper=ms.windows.WindowMapper,
-        reducer=ms.windows.WindowReducer,
+        reducer=getattr(ms.windows, REDUCERS[args.reducer]),
         input=ms.inputs.ParquetLog(args.input),
         store=store,
         num_reducers=2,
@@ -273,6 +279,8 @@ def measure(system: str, data: Path, args: argparse.Namespace) -> dict[str, Any]
         str(args.disorder_ms),
         "--spark-delay-ms",
         str(spark_delay_ms(args)),
+        "--reducer",
+        args.reducer,
     ]
     launch = time.time()
     status, report = run_subprocess(command, env=env)
@@ -286,7 +294,7 @@ def measure(system: str, data: Path, args: argparse.Namespace) -> dict[str, Any]
     want = expected(data)
     size = input_bytes(data)
     return {
-        "system": system,
+        "system": system if system == "spark" else f"{system} ({args.reducer})",
         "rows": args.rows,
         "seconds": round(seconds, 2),
         "written_bytes": report.write_bytes,
@@ -312,6 +320,13 @@ def main() -> None:
         type=int,
         default=None,
         help="Spark's watermark delay (default: the input's whole event-time span)",
+    )
+    parser.add_argument(
+        "--reducer",
+        choices=sorted(REDUCERS),
+        default="stored",
+        help="millstream's window reducer: open windows' partials stored with each commit "
+        "(WindowReducer) or pending in the mappers' windows (PendingWindowReducer)",
     )
     parser.add_argument("--system", choices=("both", "millstream", "spark"), default="both")
     parser.add_argument("--child", choices=("millstream", "spark"), help=argparse.SUPPRESS)

@@ -43,7 +43,7 @@ from millstream.ledger import (
 )
 from millstream.ledger.spill import clear_spill, read_spill, spill_pending
 from millstream.outputs import StagedOutputs, finish_publishing, seal_queues
-from millstream.queue_reducer import QueueReducer
+from millstream.queue_reducer import PendingRows, QueueReducer
 from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 from millstream.state import Store, StoreTransaction
 from millstream.state.replay import ReplayingTransaction
@@ -148,6 +148,7 @@ class ReducerWorker:
         """Queue reducer: mappers that said the reducer has fetched the last of their rows."""
         self._told_ended: frozenset[int] | None = None
         """Queue reducer: the ended mappers its last ``process`` was told of."""
+        self._warned_memory = False
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
         """Steps 2-3: the persisted state, live mappers, and mappers already drained.
@@ -436,6 +437,7 @@ class ReducerWorker:
             return False
         pending = queue.view(ended)
         self._told_ended = None  # until this round's commit settles
+        self._warn_if_pending_fills_memory(pending)
 
         user = self.user
         assert isinstance(user, QueueReducer)
@@ -466,6 +468,26 @@ class ReducerWorker:
                 self.acknowledge(calls, list(self.last_state.committed_row_indices), list(live))
             self._notify_commit()
         return committed
+
+    def _warn_if_pending_fills_memory(self, pending: PendingRows) -> None:
+        """Log once when the pending rows take half the mappers' memory: they stay in the
+        mappers' windows, and a mapper whose window is full reads no more input, so a
+        reducer waiting for later rows to finish these (a watermark) would wait for ever."""
+        held = pending.rows.nbytes
+        limit = self.tuning.memory_limit_bytes
+        if self._warned_memory or 2 * held < limit:
+            return
+        self._warned_memory = True
+        log.warning(
+            "reducer %d: its %d pending rows take %d bytes, half of or more than the mappers' "
+            "tuning.memory_limit_bytes (%d): a mapper whose window fills reads no more input "
+            "until rows are finished. Finish rows sooner, raise memory_limit_bytes, or keep "
+            "state in the store instead (ms.windows.WindowReducer for windows)",
+            self.index,
+            len(pending),
+            held,
+            limit,
+        )
 
     def _notify_commit(self) -> None:
         """Run the user's :meth:`~millstream.Reducer.on_commit`; its errors are only logged."""
