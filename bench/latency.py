@@ -117,6 +117,11 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         default="exactly_once",
         help="Processor.delivery",
     )
+    parser.add_argument(
+        "--no-pipeline-fetch",
+        action="store_true",
+        help="Tuning.pipeline_fetch=False: fetch the next rows only after the commit",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's store")
     parser.add_argument(
         "--what-if-flock",
@@ -137,6 +142,7 @@ def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
         trim_period_seconds=args.trim_period,
         heartbeat_seconds=args.heartbeat,
         rpc_timeout_seconds=args.rpc_timeout,
+        pipeline_fetch=not args.no_pipeline_fetch,
     )
 
 

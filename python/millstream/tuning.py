@@ -128,6 +128,11 @@ class Tuning:
         acknowledge_commits: After each commit, tell the mappers the new committed
             indices at once (a GetRows for 0 rows) instead of with the next fetch, so they
             free memory and trim their input a commit interval sooner.
+        pipeline_fetch: Fetch the next rows while ``reduce`` and the commit of the last
+            ones run: the GetRows calls for after the rows being reduced start before the
+            transaction, and their answers serve the next round if the commit landed
+            (they continue from its committed indices; otherwise they are dropped). At most
+            one transaction is in flight per reducer either way.
         on_user_error: ``"stop"``: a ``map`` or ``reduce`` that raises stops the worker
             (and a local run) with the row range in the error; ``"retry"``: the worker logs
             it, backs off and retries the same rows.
@@ -166,6 +171,7 @@ class Tuning:
     tls_server_name: str | None = None
     plaintext_get_rows: bool = False
     acknowledge_commits: bool = True
+    pipeline_fetch: bool = True
     on_user_error: Literal["stop", "retry"] = "stop"
     restart: RestartStrategy = field(default_factory=RestartStrategy)
 

@@ -29,6 +29,7 @@ from millstream.ledger import (
     write_reducer_state,
 )
 from millstream.outputs import StagedOutputs
+from millstream.rpc.calls import GetRowsCall
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers import reducer as reducer_module
@@ -319,7 +320,14 @@ def _commit_every_fetched_row(self: PendingQueue, prefix: dict[int, int]) -> tup
     return tuple(self.fetched)
 
 
+def _any_answer_continues(self: GetRowsCall, earlier: GetRowsCall) -> bool:
+    """Mutant (q): a pipelined reducer takes the answer fetched during its commit whatever
+    position it continues from (the commit may have failed)."""
+    return earlier.key == self.key
+
+
 MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
+    "pipelined_fetch_ignores_its_start": (GetRowsCall, "continues", _any_answer_continues),
     "queue_reducer_commits_unfinished_rows": (
         PendingQueue,
         "committed_after",

@@ -59,6 +59,29 @@ class GetRowsCall:
     after_row_index: int | None = None
     shuffle_indices: bool = False
 
+    @property
+    def start(self) -> int:
+        """The shuffle index the answer's rows come after: the fetch position, or the
+        committed index without one. Two calls to one mapper instance from one reducer
+        with the same start (and ``shuffle_indices``) get the same rows."""
+        if self.after_row_index is None:
+            return self.committed_row_index
+        return max(self.committed_row_index, self.after_row_index)
+
+    @property
+    def key(self) -> tuple[int, str, str, int]:
+        """Calls to one mapper instance from one reducer: at most one is under way."""
+        return (self.mapper_index, self.address, self.mapper_guid, self.reducer_index)
+
+    def continues(self, earlier: GetRowsCall) -> bool:
+        """Whether the answer to ``earlier`` serves this call: the same mapper instance,
+        the same rows after the same start, in the same form (the caps may differ)."""
+        return (
+            earlier.key == self.key
+            and earlier.start == self.start
+            and earlier.shuffle_indices == self.shuffle_indices
+        )
+
 
 @dataclass(frozen=True)
 class GetRowsResult:
@@ -92,6 +115,12 @@ class RowsClient(Protocol):
     def acknowledge_many(self, calls: Sequence[GetRowsCall]) -> None:
         """Send 0-row calls that only report committed indices; nobody waits for them and
         their failures are harmless (the next GetRows repeats the index)."""
+        ...
+
+    def prefetch(self, calls: Sequence[GetRowsCall]) -> None:
+        """Start the calls without waiting: a later :meth:`get_rows_many` call to the same
+        mapper instance with the same :attr:`~GetRowsCall.start` takes the answer (a
+        pipelined reducer fetches its next rows while it commits)."""
         ...
 
     def close(self) -> None:

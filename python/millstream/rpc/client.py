@@ -26,12 +26,6 @@ _GATHER_MARGIN_SECONDS = 0.05
 __all__ = ["GetRowsCall", "GetRowsResult", "GrpcRowsClient", "NotAnsweredYet", "RowsClient"]
 
 
-def _key(call: GetRowsCall) -> tuple[int, str, str, int]:
-    """Calls to one mapper instance from one reducer: at most one is under way. Its answer
-    serves a later call only from the same committed index (the caps may differ)."""
-    return (call.mapper_index, call.address, call.mapper_guid, call.reducer_index)
-
-
 class GrpcRowsClient:
     """GetRows over gRPC, one cached channel per mapper address, one call under way per mapper.
 
@@ -121,7 +115,7 @@ class GrpcRowsClient:
         """Ask every mapper (or keep the call under way to it) and wait at most
         ``wait_seconds`` for the answers to the calls made now; a slot of a call still
         under way holds :class:`NotAnsweredYet`."""
-        wanted = {_key(call) for call in calls}
+        wanted = {call.key for call in calls}
         for key, (_, future) in list(self._under_way.items()):
             if key not in wanted:  # an instance gone from discovery, or a drained mapper
                 future.cancel()
@@ -129,16 +123,13 @@ class GrpcRowsClient:
         entries = []
         fresh = []  # calls made in this round: the only ones the round waits for
         for call in calls:
-            entry = self._under_way.get(_key(call))
-            if entry is not None and (
-                entry[0].committed_row_index != call.committed_row_index
-                or entry[0].after_row_index != call.after_row_index
-            ):
+            entry = self._under_way.get(call.key)
+            if entry is not None and not call.continues(entry[0]):
                 entry[1].cancel()  # its answer would not continue from the reducer's position
                 entry = None
             if entry is None:
                 entry = (call, self._start(call))
-                self._under_way[_key(call)] = entry
+                self._under_way[call.key] = entry
                 fresh.append(entry[1])
             entries.append(entry)
         # A mapper that did not answer in an earlier round is not waited for again (a frozen
@@ -166,7 +157,7 @@ class GrpcRowsClient:
             if not future.done():
                 results.append(NotAnsweredYet(f"mapper {call.mapper_index} has not answered yet"))
                 continue
-            self._under_way.pop(_key(call), None)
+            self._under_way.pop(call.key, None)
             try:
                 results.append(self._result(future))
             except Exception as exc:
@@ -181,6 +172,17 @@ class GrpcRowsClient:
         for future in futures:
             future.add_done_callback(lambda _: done.set())
         done.wait(timeout)
+
+    def prefetch(self, calls: Sequence[GetRowsCall]) -> None:
+        """Start the calls (or keep the ones under way that continue from the same start)
+        without waiting; :meth:`get_rows_many` takes their answers."""
+        for call in calls:
+            entry = self._under_way.get(call.key)
+            if entry is not None and call.continues(entry[0]):
+                continue
+            if entry is not None:
+                entry[1].cancel()
+            self._under_way[call.key] = (call, self._start(call))
 
     def acknowledge_many(self, calls: Sequence[GetRowsCall]) -> None:
         """Send 0-row calls reporting committed indices, without waiting for them."""

@@ -329,6 +329,15 @@ class ReducerWorker:
             batch = self._with_spilled(batch, [part for part, _, _ in spilled.values()])
         consumed = {m: last for m, (_, last, _) in spilled.items()}
         served_by = {call.mapper_index: call.mapper_guid for call in calls}
+        if self.tuning.pipeline_fetch and calls:
+            # The next rows come while this transaction runs; they serve the next round if
+            # it commits (they continue from its indices), and are dropped otherwise.
+            self.rows_client.prefetch(
+                [
+                    dataclasses.replace(call, after_row_index=new[call.mapper_index])
+                    for call in calls
+                ]
+            )
 
         def reduce(txn: StoreTransaction, outputs: StagedOutputs) -> Round:
             self._user_code(
