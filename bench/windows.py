@@ -324,7 +324,7 @@ def main() -> None:
     parser.add_argument(
         "--reducer",
         choices=sorted(REDUCERS),
-        default="stored",
+        default="pending",
         help="millstream's window reducer: open windows' partials stored with each commit "
         "(WindowReducer) or pending in the mappers' windows (PendingWindowReducer)",
     )

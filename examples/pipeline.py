@@ -2,8 +2,9 @@
 
 Run it with ``python -m examples.pipeline``. The input is a generated log of timestamped
 text lines (``ts`` in epoch milliseconds, a few seconds out of order). The first processor
-counts words in tumbling one-minute windows of event time (``ms.windows``) and emits each
-closed window's ``(window_start, window_end, word, n)`` rows to the store queue
+counts words in tumbling one-minute windows of event time (``ms.windows``, with the
+persistent-queue reducer: open windows write nothing) and emits each closed window's
+``(window_start, window_end, word, n)`` rows to the store queue
 ``word-counts``, in the transaction that commits it. The second processor reads that queue
 and keeps the ten most frequent words of each minute under ``("top", window_start)``. Each
 count reaches the second stage exactly once, whatever fails; when the first stage drains
@@ -124,7 +125,8 @@ def make_pipeline(root: Path = ROOT, rows: int = ROWS) -> list[ms.Processor]:
     counts = ms.inputs.StoreQueue(store, "word-counts", num_partitions=2)
     words = ms.Processor(
         mapper=WordsByMinute,
-        reducer=ms.windows.WindowReducer,
+        # Open windows' counts stay pending in the mappers' memory; only results are written.
+        reducer=ms.windows.PendingWindowReducer,
         input=ms.inputs.ParquetLog(str(generate(root, rows))),
         store=store,
         num_reducers=2,  # one queue partition per reducer: their appends never conflict

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -33,14 +34,29 @@ class WindowHandler:
         batch = pa.record_batch({"x": pa.array(range(1_000), pa.int64())})
         self.window.push(batch, pa.array([i % 2 for i in range(1_000)], pa.int32()), 1_000, b"t")
         self.calls: list[tuple[int, int, int, int]] = []
+        self.options: list[dict[str, Any]] = []
 
     def handle_get_rows(
-        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self,
+        reducer_index: int,
+        committed: int,
+        max_rows: int,
+        max_bytes: int,
+        mapper_id: str,
+        **options: Any,
     ) -> tuple[int, int, bytes]:
         if mapper_id != GUID:
             raise StaleMapperError(f"stale {mapper_id}")
         self.calls.append((reducer_index, committed, max_rows, max_bytes))
-        return self.window.get_rows(reducer_index, committed, max_rows, max_bytes)
+        self.options.append(options)
+        return self.window.get_rows(
+            reducer_index,
+            committed,
+            max_rows,
+            max_bytes,
+            options.get("after_row_index"),
+            options.get("shuffle_indices", False),
+        )
 
 
 @pytest.fixture
@@ -78,6 +94,35 @@ def test_rows_travel_as_arrow_ipc(served: tuple[WindowHandler, str]) -> None:
     assert _core.decode_ipc([result.arrow_ipc])["x"].to_pylist() == list(range(7, 27, 2))
     # The server caps the requested bytes at its own response limit.
     assert handler.calls == [(1, 5, 10, MAX_RESPONSE)]
+
+
+def test_a_prefetched_call_serves_the_round_that_continues_from_it(
+    served: tuple[WindowHandler, str],
+) -> None:
+    """A pipelined reducer asks for the rows after the ones it is committing; once that
+    commit landed, the next round's call (from the new committed index) takes the answer
+    without asking again. The fetch position and the shuffle indices cross gRPC."""
+    handler, address = served
+    client = GrpcRowsClient(5.0, 1 << 20)
+    try:
+        client.prefetch([_call(address, after_row_index=5, shuffle_indices=True)])
+        (result,) = client.get_rows_many(
+            [_call(address, committed_row_index=5, shuffle_indices=True)]
+        )
+        assert handler.options == [{"after_row_index": 5, "shuffle_indices": True}]
+        assert handler.calls == [(1, -1, 10, MAX_RESPONSE)], "one request: the prefetched one"
+        assert isinstance(result, GetRowsResult)
+        rows = _core.decode_ipc([result.arrow_ipc])
+        assert rows["x"].to_pylist() == list(range(7, 27, 2))
+        assert rows[_core.SHUFFLE_INDEX_COLUMN].to_pylist() == list(range(7, 27, 2))
+        # An answer that does not continue from the call's start serves nobody.
+        client.prefetch([_call(address, after_row_index=25)])
+        (again,) = client.get_rows_many([_call(address, committed_row_index=5)])
+        assert isinstance(again, GetRowsResult)
+        assert again.last_shuffle_row_index == 25
+        assert handler.calls[-1] == (1, 5, 10, MAX_RESPONSE)
+    finally:
+        client.close()
 
 
 def test_response_is_capped_by_bytes(served: tuple[WindowHandler, str]) -> None:
