@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from millstream.api import Mapper, Partitioned
 from millstream.windows.partials import START, Plan, combine
-from millstream.windows.spec import Windows
+from millstream.windows.spec import UsesWindows
 
 MAPPER = "_mapper"
 """Column naming the mapper of a watermark row (null on partial rows)."""
@@ -17,7 +17,7 @@ WATERMARK = "_watermark"
 time column's, which tells reducers the time unit."""
 
 
-class WindowMapper(Mapper):
+class WindowMapper(Mapper, UsesWindows):
     """Assigns each row to its windows and combines the batch into partial aggregates per
     ``(window, key)`` before the shuffle (routed by key), then adds one watermark row per
     reducer: the latest event time of the batch, from this mapper.
@@ -26,13 +26,6 @@ class WindowMapper(Mapper):
     first (parse, filter), subclass it and override :meth:`prepare`. Everything here is
     deterministic, as ``map`` must be.
     """
-
-    @property
-    def windows(self) -> Windows:
-        """The aggregation, from ``config["windows"]``."""
-        windows = self.config["windows"]
-        assert isinstance(windows, Windows)
-        return windows
 
     def prepare(self, batch: pa.RecordBatch) -> pa.Table:
         """The rows to aggregate; by default the input batch as it is."""

@@ -31,13 +31,13 @@ from millstream.queue_reducer import PendingRows, QueueReducer
 from millstream.state.keys import pack, unpack
 from millstream.windows.mapper import MAPPER, WATERMARK
 from millstream.windows.partials import START, Plan, finish, merge
-from millstream.windows.spec import Windows
+from millstream.windows.spec import UsesWindows
 
 _END_OF_TIME = 2**62
 """The watermark once every mapper's input ended: past every window."""
 
 
-class PendingWindowReducer(QueueReducer):
+class PendingWindowReducer(QueueReducer, UsesWindows):
     """Emits every window of :class:`~millstream.windows.WindowMapper`'s partials once,
     when the watermark passes its end by the lateness, keeping open windows' partials
     pending instead of storing them.
@@ -46,13 +46,6 @@ class PendingWindowReducer(QueueReducer):
     latest event time each has reported: a mapper that has sent nothing yet, or is down,
     holds every window open (and its rows pending) until it reports.
     """
-
-    @property
-    def windows(self) -> Windows:
-        """The aggregation, from ``config["windows"]``."""
-        windows = self.config["windows"]
-        assert isinstance(windows, Windows)
-        return windows
 
     def _space(self, *rest: object) -> tuple[object, ...]:
         return ("~windows", self.spec.index, *rest)

@@ -28,7 +28,7 @@ from millstream.ledger import OUTPUT
 from millstream.state.keys import decode_int64, pack, unpack
 from millstream.windows.mapper import MAPPER, WATERMARK
 from millstream.windows.partials import START, Plan, decode, encode, finish, merge
-from millstream.windows.spec import Windows
+from millstream.windows.spec import UsesWindows
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -55,7 +55,7 @@ class _State:
         self.closed = closed
 
 
-class WindowReducer(Reducer):
+class WindowReducer(Reducer, UsesWindows):
     """Merges the partials of :class:`~millstream.windows.WindowMapper` per window and key
     and emits every window once, when the watermark passes its end by the lateness (or
     when the processor drains), to the output ``Windows.output`` names.
@@ -72,13 +72,6 @@ class WindowReducer(Reducer):
         self._state: _State | None = None
         self._pending: _State | None = None
         self.late_rows = 0
-
-    @property
-    def windows(self) -> Windows:
-        """The aggregation, from ``config["windows"]``."""
-        windows = self.config["windows"]
-        assert isinstance(windows, Windows)
-        return windows
 
     def _space(self, *rest: object) -> tuple[object, ...]:
         return ("~windows", self.spec.index, *rest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -124,3 +125,25 @@ def _ticks(span: Span, kind: pa.DataType, what: str) -> int:
     raise ConfigurationError(
         f"the time column must be an integer or a timestamp column, got {kind}"
     )
+
+
+class UsesWindows:
+    """The windows' mapper and reducers: the aggregation they compute, from the
+    processor's ``config["windows"]``."""
+
+    config: Mapping[str, Any]
+
+    @property
+    def windows(self) -> Windows:
+        """The aggregation, from ``config["windows"]``.
+
+        Raises:
+            ConfigurationError: ``config["windows"]`` is missing or not a ``Windows``.
+        """
+        windows = self.config.get("windows")
+        if not isinstance(windows, Windows):
+            raise ConfigurationError(
+                "a windowed processor needs config={'windows': ms.windows.Windows(...)}, "
+                f"got {windows!r}"
+            )
+        return windows

@@ -260,20 +260,7 @@ class ReducerWorker:
             self.tuning.gather_seconds if gather else self.tuning.get_rows_poll_seconds,
             self.tuning.rpc_timeout_seconds / 2,
         )
-        calls = [
-            GetRowsCall(
-                m,
-                info.address,
-                info.guid,
-                self.index,
-                state.committed_row_indices[m],
-                max_rows,
-                max_bytes,
-                poll,
-                gather,
-            )
-            for m, info in sorted(live.items())
-        ]
+        calls = self._calls(state, live, max_rows, max_bytes, poll, gather_rows=gather)
         if not calls and not self._spill_pending:
             return False
         results = self.rows_client.get_rows_many(calls) if calls else []
@@ -398,19 +385,8 @@ class ReducerWorker:
         max_rows, max_bytes = self._caps(len(live))
         poll = min(self.tuning.get_rows_poll_seconds, self.tuning.rpc_timeout_seconds / 2)
         calls = [
-            GetRowsCall(
-                m,
-                info.address,
-                info.guid,
-                self.index,
-                state.committed_row_indices[m],
-                max_rows,
-                max_bytes,
-                poll,
-                after_row_index=queue.fetched[m],
-                shuffle_indices=True,
-            )
-            for m, info in sorted(live.items())
+            dataclasses.replace(call, after_row_index=queue.fetched[call.mapper_index])
+            for call in self._calls(state, live, max_rows, max_bytes, poll, shuffle_indices=True)
         ]
         results = self.rows_client.get_rows_many(calls) if calls else []
         answers: dict[int, GetRowsResult] = {}
@@ -497,6 +473,34 @@ class ReducerWorker:
             held,
             limit,
         )
+
+    def _calls(
+        self,
+        state: ReducerState,
+        live: dict[int, WorkerInfo],
+        max_rows: int,
+        max_bytes: int,
+        poll: float,
+        *,
+        gather_rows: int = 0,
+        shuffle_indices: bool = False,
+    ) -> list[GetRowsCall]:
+        """This round's GetRows, one per live mapper, from the committed indices."""
+        return [
+            GetRowsCall(
+                m,
+                info.address,
+                info.guid,
+                self.index,
+                state.committed_row_indices[m],
+                max_rows,
+                max_bytes,
+                poll,
+                gather_rows,
+                shuffle_indices=shuffle_indices,
+            )
+            for m, info in sorted(live.items())
+        ]
 
     def _notify_commit(self) -> None:
         """Run the user's :meth:`~millstream.Reducer.on_commit`; its errors are only logged."""

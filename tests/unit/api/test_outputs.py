@@ -14,10 +14,15 @@ import pytest
 from millstream.exceptions import CommitUnknownResultError, ConfigurationError, InputError
 from millstream.inputs import StoreQueue
 from millstream.outputs import STAGING, ParquetSink
-from millstream.state import open_store
 from millstream.state.replay import ReplayingTransaction
 from millstream.testing import MemoryInput, run_in_process
-from worker_fixtures import ConflictingCommits, PassThrough, expected_counts, tables
+from worker_fixtures import (
+    ConflictingCommits,
+    PassThrough,
+    expected_counts,
+    output_counts,
+    tables,
+)
 
 
 class CountsToQueue(ms.Reducer):
@@ -41,16 +46,6 @@ class RowsToFiles(ms.Reducer):
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
         txn.write_parquet(self.config["sink"], batch)
-
-
-def _counts(store_url: str, name: str) -> dict[int, int]:
-    store = open_store(store_url, prefix=(name,))
-    try:
-        with store.read() as txn:
-            rows = txn.get_range_startswith(("out", "n"))
-    finally:
-        store.close()
-    return {int(key[-1]): int.from_bytes(value, "little", signed=True) for key, value in rows}
 
 
 def _first_stage(tmp_path: Path, data: list[pa.Table]) -> tuple[ms.Processor, StoreQueue]:
@@ -88,7 +83,7 @@ def test_a_pipeline_of_two_processors_counts_every_row_once(tmp_path: Path) -> N
     appended = sum(partials.end_row_index(p) for p in range(2))
     assert appended > 0
     run_in_process(second)
-    assert _counts(url, "second") == expected_counts(data)
+    assert output_counts(url, "second") == expected_counts(data)
     assert all(partials.first_row_index(p) == partials.end_row_index(p) for p in range(2)), (
         "the second processor trims what it consumed"
     )
@@ -158,7 +153,7 @@ def test_rows_of_another_schema_are_refused_and_nothing_commits(tmp_path: Path) 
     with pytest.raises(InputError, match="holds rows with schema"):
         run_in_process(processor)
     assert partials.end_row_index(0) == 1
-    assert _counts(url, "millstream") == {}
+    assert output_counts(url, "millstream") == {}
 
 
 def _sink_job(tmp_path: Path, data: list[pa.Table]) -> tuple[ms.Processor, ParquetSink]:

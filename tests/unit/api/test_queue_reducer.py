@@ -11,9 +11,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from millstream.exceptions import ConfigurationError
-from millstream.state import open_store
 from millstream.testing import MemoryInput, run_in_process
-from worker_fixtures import ConflictingCommits, PassThrough, expected_counts, tables
+from worker_fixtures import (
+    ConflictingCommits,
+    PassThrough,
+    expected_counts,
+    output_counts,
+    tables,
+)
 
 
 class CountInGroups(ms.QueueReducer):
@@ -42,16 +47,6 @@ class CountInGroups(ms.QueueReducer):
         CountInGroups.rounds.append((len(pending), pending.fetched_rows, finished.num_rows))
 
 
-def _counts(url: str, name: str) -> dict[int, int]:
-    store = open_store(url, prefix=(name,))
-    try:
-        with store.read() as txn:
-            rows = txn.get_range_startswith(("out", "n"))
-    finally:
-        store.close()
-    return {int(key[-1]): int.from_bytes(value, "little", signed=True) for key, value in rows}
-
-
 def _skewed(partitions: int) -> list[pa.Table]:
     """Keys of uneven frequency, so that keys fill their groups at different times."""
     return [
@@ -78,7 +73,7 @@ def test_pending_rows_wait_across_rounds_and_count_once(tmp_path: Path) -> None:
     data = _skewed(2)
     processor = _processor(tmp_path, data, group=15)
     run_in_process(processor)
-    assert _counts(processor.store, "groups") == expected_counts(data)
+    assert output_counts(processor.store, "groups") == expected_counts(data)
     carried = [r for r in CountInGroups.rounds if r[0] > r[1]]
     assert carried, "rows stayed pending from one round to the next"
     partly = [r for r in CountInGroups.rounds if 0 < r[2] < r[0]]
@@ -95,7 +90,7 @@ def test_failed_commits_leave_rows_pending_and_count_once(
     processor = _processor(tmp_path, data, group=25)
     ConflictingCommits(every=3).install(monkeypatch)
     run_in_process(processor)
-    assert _counts(processor.store, "groups") == expected_counts(data)
+    assert output_counts(processor.store, "groups") == expected_counts(data)
 
 
 def test_finish_covers_a_prefix_per_mapper() -> None:

@@ -161,3 +161,16 @@ class ConflictingCommits:
             real(txn)
 
         monkeypatch.setattr(ReplayingTransaction, "commit", commit)  # type: ignore[attr-defined]
+
+
+def output_counts(store_url: str, name: str, keyspace: str = "n") -> dict[int, int]:
+    """The int64 counters a processor named ``name`` wrote under ``(keyspace, key)``."""
+    from millstream.state import open_store
+
+    store = open_store(store_url, prefix=(name,))
+    try:
+        with store.read() as txn:
+            rows = txn.get_range_startswith(("out", keyspace))
+    finally:
+        store.close()
+    return {int(key[-1]): int.from_bytes(value, "little", signed=True) for key, value in rows}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import millstream as ms
 import numpy as np
@@ -229,23 +230,18 @@ def test_a_commit_that_landed_unconfirmed_is_read_back_from_the_store(tmp_path: 
     store.close()
 
 
-def test_a_drained_mapper_no_longer_holds_the_watermark(
-    tmp_path: Path, reducer: type[ms.Reducer]
-) -> None:
-    """Partition 1 ends after 1,000 rows (10 s); partition 0 goes on for 6 minutes: once
-    mapper 1 drained (the pending reducer: once its input ended and the reducer fetched
-    its last rows), partition 0's minutes close as its watermark passes them, before the
-    processor drains."""
+def _cluster(
+    tmp_path: Path, tables: list[pa.Table], reducer: type[ms.Reducer]
+) -> tuple[Any, ParquetSink]:
+    """Workers stepped in this process: tumbling minutes (100 ms late at most) into a sink."""
     from test_worker_steps import Cluster
 
-    tables = stream(2, 36_000, disorder=100)
-    tables[1] = tables[1].slice(0, 1_000)
     url = f"sqlite:///{tmp_path / 'state.db'}"
     sink = ParquetSink(url, "windows", str(tmp_path / "out"))
     windows = ms.windows.Windows(
         time="ts", key="key", size=MINUTE, lateness=100, aggregates=AGGREGATES, output="windows"
     )
-    c = Cluster(
+    cluster = Cluster(
         tmp_path,
         tables,
         mapper=ms.windows.WindowMapper,
@@ -253,6 +249,19 @@ def test_a_drained_mapper_no_longer_holds_the_watermark(
         config={"windows": windows},
         outputs=[sink],
     )
+    return cluster, sink
+
+
+def test_a_drained_mapper_no_longer_holds_the_watermark(
+    tmp_path: Path, reducer: type[ms.Reducer]
+) -> None:
+    """Partition 1 ends after 1,000 rows (10 s); partition 0 goes on for 6 minutes: once
+    mapper 1 drained (the pending reducer: once its input ended and the reducer fetched
+    its last rows), partition 0's minutes close as its watermark passes them, before the
+    processor drains."""
+    tables = stream(2, 36_000, disorder=100)
+    tables[1] = tables[1].slice(0, 1_000)
+    c, sink = _cluster(tmp_path, tables, reducer)
     for _ in range(2_000):
         c.step()
         for mapper in c.mappers.values():
@@ -289,22 +298,8 @@ def test_a_restarted_pending_reducer_waits_for_the_rows_it_fetches_again(
     restarts while mapper 1 cannot be reached, and mapper 0 reads on. The watermark of
     rows a new instance has not fetched again must not close a window (the bug this
     catches: storing the watermark of pending rows, not only of finished ones)."""
-    from test_worker_steps import Cluster
-
     tables = stream(2, 25_000, disorder=100)
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
-    windows = ms.windows.Windows(
-        time="ts", key="key", size=MINUTE, lateness=100, aggregates=AGGREGATES, output="windows"
-    )
-    c = Cluster(
-        tmp_path,
-        tables,
-        mapper=ms.windows.WindowMapper,
-        reducer=reducer,
-        config={"windows": windows},
-        outputs=[sink],
-    )
+    c, sink = _cluster(tmp_path, tables, reducer)
     for _ in range(200):  # 100-row batches of 1 s of events
         c.mappers[1].ingest_once()
     for _ in range(70):
