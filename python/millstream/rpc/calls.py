@@ -149,9 +149,16 @@ class RowsGatherer(Protocol):
         """Whether the last read filled a whole batch (more input is ready at once)."""
         ...
 
-    def gather(self, reducer_index: int, min_rows: int, timeout_seconds: float) -> None:
-        """Return when ``min_rows`` rows wait for ``reducer_index``, the mapper is no longer
-        behind, its window is half full, or ``timeout_seconds`` have passed."""
+    def gather(
+        self,
+        reducer_index: int,
+        min_rows: int,
+        timeout_seconds: float,
+        after_row_index: int | None = None,
+    ) -> None:
+        """Return when ``min_rows`` rows wait for ``reducer_index`` (after
+        ``after_row_index``, if given), the mapper is no longer behind, its window is half
+        full, or ``timeout_seconds`` have passed."""
         ...
 
 

@@ -58,6 +58,7 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
                     request.reducer_index,
                     min(request.gather_rows, max(1, request.count)),
                     deadline - time.monotonic(),
+                    **after,
                 )
             while True:
                 count, last, payload = handler.handle_get_rows(

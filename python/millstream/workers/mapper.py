@@ -454,18 +454,26 @@ class MapperWorker:
             window, lambda: window.bucket_len(reducer_index, after_row_index) > 0, timeout_seconds
         )
 
-    def gather(self, reducer_index: int, min_rows: int, timeout_seconds: float) -> None:
+    def gather(
+        self,
+        reducer_index: int,
+        min_rows: int,
+        timeout_seconds: float,
+        after_row_index: int | None = None,
+    ) -> None:
         """Hold a reducer's GetRows while its backlog gathers: return once ``min_rows`` rows
-        wait for ``reducer_index``, this mapper has caught up with its input (no longer
-        :attr:`behind`), its window is half full (reading must not stall on the memory
-        limit), or ``timeout_seconds`` have passed. A reducer that is behind thus commits
-        a few large batches instead of many small ones, as a micro-batch engine does."""
+        wait for ``reducer_index`` (after ``after_row_index``: a pipelined reducer's fetch
+        position, past the rows it is committing), this mapper has caught up with its input
+        (no longer :attr:`behind`), its window is half full (reading must not stall on the
+        memory limit), or ``timeout_seconds`` have passed. A reducer that is behind thus
+        commits a few large batches instead of many small ones, as a micro-batch engine
+        does."""
         window = self.window
         if window is None or not 0 <= reducer_index < self.processor.num_reducers:
             return
 
         def gathered() -> bool:
-            if not self.behind or window.bucket_len(reducer_index) >= min_rows:
+            if not self.behind or window.bucket_len(reducer_index, after_row_index) >= min_rows:
                 return True
             snapshot = window.snapshot()
             return 2 * snapshot.buffered_bytes >= snapshot.memory_limit_bytes

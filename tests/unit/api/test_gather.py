@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -87,6 +88,31 @@ def test_a_gathering_call_is_held_until_its_rows_wait(tmp_path: Path) -> None:
         assert isinstance(result, GetRowsResult)
         assert result.row_count == 3 * BATCH
         assert result.behind
+
+
+def test_a_pipelined_call_gathers_rows_after_its_fetch_position(tmp_path: Path) -> None:
+    """A reducer fetching while it commits asks for the rows after the ones it commits:
+    those do not count toward what it gathers."""
+    with _served(tmp_path) as (worker, client, address):
+        assert worker.ingest_once()
+        assert worker.ingest_once()
+        call = dataclasses.replace(_call(address, 2 * BATCH), after_row_index=2 * BATCH - 1)
+        results: list[GetRowsResult | BaseException] = []
+        asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
+        asking.start()
+        try:
+            assert worker.ingest_once()
+            time.sleep(0.2)
+            assert asking.is_alive()  # one new batch is not enough: still held
+            assert worker.ingest_once()
+            asking.join(5)
+            assert not asking.is_alive()
+        finally:
+            asking.join(10)
+        (result,) = results
+        assert isinstance(result, GetRowsResult)
+        assert result.row_count == 2 * BATCH
+        assert result.last_shuffle_row_index == 4 * BATCH - 1
 
 
 def test_a_mapper_that_caught_up_answers_at_once(tmp_path: Path) -> None:
