@@ -924,6 +924,9 @@ class SimConfig:
     queue: bool = False
     """Reducers are persistent-queue reducers (:class:`SimQueueReducer`) that keep rows
     pending across rounds and finish a prefix per mapper (exactly once only)."""
+    pipeline_fetch: bool = True
+    """Reducers fetch their next rows before they commit (the simulated mappers answer at
+    once, before the commit)."""
 
     @property
     def at_least_once(self) -> bool:
@@ -962,6 +965,7 @@ class Simulation:
                 commit_max_rows=config.commit_max_rows,
                 get_rows_max_bytes=1 << 20,
                 acknowledge_commits=config.acknowledge_commits,
+                pipeline_fetch=config.pipeline_fetch,
             ),
             delivery=config.delivery,  # type: ignore[arg-type]
         )

@@ -84,6 +84,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         acknowledge_commits=st.booleans(),
         emit=st.booleans(),
         queue=st.booleans(),
+        pipeline_fetch=st.booleans(),
     )
     def setup(
         self,
@@ -94,6 +95,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         acknowledge_commits: bool,
         emit: bool,
         queue: bool,
+        pipeline_fetch: bool,
     ) -> None:
         self.sim = Simulation(
             SimConfig(
@@ -106,6 +108,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 delivery=self.DELIVERY,
                 emit=emit,
                 queue=queue and self.DELIVERY == "exactly_once",
+                pipeline_fetch=pipeline_fetch,
             )
         )
 

@@ -305,7 +305,7 @@ def _restart_from_stale_state(self: MapperWorker) -> None:
 
 
 def _ignore_spill(
-    self: ReducerWorker, committed: Any, max_bytes: int
+    self: ReducerWorker, committed: Any, max_bytes: int, **_: Any
 ) -> tuple[bool, dict[int, Any]]:
     """Mutant (n): the straggler never reads the rows mappers spilled for it."""
     return False, {}

@@ -405,6 +405,8 @@ class ReducerWorker:
         # Spilled rows come before the window's (see run_once): a mapper with some has its
         # answer used in a later round.
         spill_waits, spilled = self._read_spilled(tuple(queue.fetched), max_bytes, indices=True)
+        if spill_waits and not spilled:
+            self._clear_stale_spill(state.committed_row_indices)
         arrived = 0
         for m, (rows, _, size) in spilled.items():
             answers.pop(m, None)
@@ -417,7 +419,9 @@ class ReducerWorker:
             if result.input_ended:
                 self._ended.add(m)
             fetched_bytes += len(result.arrow_ipc)
-        ended = frozenset(drained) | (frozenset() if spill_waits else frozenset(self._ended))
+        # A mapper is in _ended once an answer used whole (not set aside for spilled rows)
+        # said its input ended: rows after it exist nowhere, in the window or spilled.
+        ended = frozenset(drained) | frozenset(self._ended)
         if not len(queue) or not (arrived or changed or ended != self._told_ended):
             return False
         pending = queue.view(ended)
