@@ -39,8 +39,13 @@ def test_keyed_sum_is_exact(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [20240611, 1, 2, 3, 4, 5])
-def test_kill_9_random_processes_many_times(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "pipeline_fetch"),
+    [(20240611, False), (1, False), (2, False), (3, True), (4, True), (5, True)],
+)
+def test_kill_9_random_processes_many_times(
+    tmp_path: Path, seed: int, pipeline_fetch: bool
+) -> None:
     data = write_keyed_input(tmp_path / "in", 200_000, partitions=2, file_rows=20_000)
     # A small window and slower commits make the run last seconds, so that the killer finds
     # workers at every stage (workers start in milliseconds from the fork server). Killing
@@ -51,6 +56,7 @@ def test_kill_9_random_processes_many_times(tmp_path: Path, seed: int) -> None:
         memory_limit_bytes=40_000,
         commit_interval_seconds=0.1,
         restart=ms.RestartStrategy(max_restarts=1_000),
+        pipeline_fetch=pipeline_fetch,  # fetching during commits, in half of the runs
     )
     # A map that takes 40 ms a batch keeps the run going for seconds: kills land on workers
     # at work, not on ones that are exiting after the drain (which count no restart).

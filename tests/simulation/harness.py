@@ -924,7 +924,7 @@ class SimConfig:
     queue: bool = False
     """Reducers are persistent-queue reducers (:class:`SimQueueReducer`) that keep rows
     pending across rounds and finish a prefix per mapper (exactly once only)."""
-    pipeline_fetch: bool = True
+    pipeline_fetch: bool = False
     """Reducers fetch their next rows before they commit (the simulated mappers answer at
     once, before the commit)."""
 
