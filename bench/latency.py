@@ -118,9 +118,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         help="Processor.delivery",
     )
     parser.add_argument(
-        "--no-pipeline-fetch",
+        "--pipeline-fetch",
         action="store_true",
-        help="Tuning.pipeline_fetch=False: fetch the next rows only after the commit",
+        help="Tuning.pipeline_fetch=True: fetch the next rows while committing",
     )
     parser.add_argument("--keep", action="store_true", help="keep the run's store")
     parser.add_argument(
@@ -142,7 +142,7 @@ def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
         trim_period_seconds=args.trim_period,
         heartbeat_seconds=args.heartbeat,
         rpc_timeout_seconds=args.rpc_timeout,
-        pipeline_fetch=not args.no_pipeline_fetch,
+        pipeline_fetch=args.pipeline_fetch,
     )
 
 
