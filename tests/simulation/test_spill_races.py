@@ -109,24 +109,26 @@ def test_a_mapper_with_a_false_claim_does_not_spill() -> None:
 # Queue reducers keep rows pending across commits, so spilled chunks may hold rows they
 # hold in memory. Two runs the machine found (CI, derandomized):
 
+QUEUE_CONFIG = SimConfig(
+    totals=(18, 23),
+    num_reducers=2,
+    batch_rows=2,
+    commit_max_rows=4,
+    preaggregate=False,
+    acknowledge_commits=True,
+    memory_limit_bytes=4096,
+    delivery="exactly_once",
+    emit=True,
+    queue=True,
+)
+
 
 def test_a_queue_reducer_with_spilled_pending_rows_still_sees_its_mappers_end() -> None:
     # Chunks of rows the reducer held pending kept it from counting a mapper whose input
     # ended: it never finished its last rows (the effects of mapper 1's rows 18-22 were
     # never applied).
     trace = replay(
-        SimConfig(
-            totals=(18, 23),
-            num_reducers=2,
-            batch_rows=2,
-            commit_max_rows=4,
-            preaggregate=False,
-            acknowledge_commits=True,
-            memory_limit_bytes=4096,
-            delivery="exactly_once",
-            emit=True,
-            queue=True,
-        ),
+        QUEUE_CONFIG,
         [
             ("spill", 0, 0),
             ("partition_down", 0, True),
@@ -186,18 +188,7 @@ def test_a_queue_reducer_clears_chunks_of_rows_it_committed() -> None:
     # A chunk spilled after the reducer committed its rows kept it from seeing the
     # processor drained.
     trace = replay(
-        SimConfig(
-            totals=(18, 23),
-            num_reducers=2,
-            batch_rows=2,
-            commit_max_rows=4,
-            preaggregate=False,
-            acknowledge_commits=True,
-            memory_limit_bytes=4096,
-            delivery="exactly_once",
-            emit=True,
-            queue=True,
-        ),
+        QUEUE_CONFIG,
         [
             ("spill", 0, 0),
             ("partition_down", 0, True),

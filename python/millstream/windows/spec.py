@@ -28,8 +28,8 @@ class Windows:
     ``size`` starting every ``slide``. Per window and key, ``aggregates`` are computed;
     a window is emitted, once, when the watermark (the smallest over mappers of the latest
     event time each has read) passes its end by ``lateness``. A row that arrives for a
-    window already emitted is dropped and counted (``late_rows``). When the processor
-    drains, every window still open is emitted.
+    window already emitted is dropped (``WindowReducer`` counts them: ``late_rows``). When
+    every mapper's input ended, every window still open is emitted.
 
     Args:
         time: The event-time column: int64 (ticks of your choice, e.g. epoch

@@ -57,6 +57,28 @@ def _call(address: str, gather_rows: int, wait_seconds: float = 20.0) -> GetRows
     return GetRowsCall(0, address, "m0", 0, -1, 10_000, 1 << 20, wait_seconds, gather_rows)
 
 
+def _held_until(
+    client: GrpcRowsClient, call: GetRowsCall, worker: MapperWorker, *, batches: int
+) -> GetRowsResult | BaseException:
+    """Make ``call`` in the background while the mapper reads ``batches`` batches: the
+    call is still held after the first and answered after the last."""
+    results: list[GetRowsResult | BaseException] = []
+    asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
+    asking.start()
+    try:
+        assert worker.ingest_once()
+        time.sleep(0.2)
+        assert asking.is_alive()  # one batch is not enough: still held
+        for _ in range(batches - 1):
+            assert worker.ingest_once()
+        asking.join(5)
+        assert not asking.is_alive()
+    finally:
+        asking.join(10)
+    (result,) = results
+    return result
+
+
 def test_a_mapper_is_behind_while_its_reads_fill_whole_batches(tmp_path: Path) -> None:
     with _served(tmp_path) as (worker, _, _):
         assert worker.behind  # until the first read says otherwise
@@ -69,22 +91,7 @@ def test_a_mapper_is_behind_while_its_reads_fill_whole_batches(tmp_path: Path) -
 
 def test_a_gathering_call_is_held_until_its_rows_wait(tmp_path: Path) -> None:
     with _served(tmp_path) as (worker, client, address):
-        results: list[GetRowsResult | BaseException] = []
-        asking = threading.Thread(
-            target=lambda: results.extend(client.get_rows_many([_call(address, 3 * BATCH)]))
-        )
-        asking.start()
-        try:
-            assert worker.ingest_once()
-            time.sleep(0.2)
-            assert asking.is_alive()  # one batch is not enough: still held
-            assert worker.ingest_once()
-            assert worker.ingest_once()
-            asking.join(5)
-            assert not asking.is_alive()
-        finally:
-            asking.join(10)
-        (result,) = results
+        result = _held_until(client, _call(address, 3 * BATCH), worker, batches=3)
         assert isinstance(result, GetRowsResult)
         assert result.row_count == 3 * BATCH
         assert result.behind
@@ -97,19 +104,7 @@ def test_a_pipelined_call_gathers_rows_after_its_fetch_position(tmp_path: Path) 
         assert worker.ingest_once()
         assert worker.ingest_once()
         call = dataclasses.replace(_call(address, 2 * BATCH), after_row_index=2 * BATCH - 1)
-        results: list[GetRowsResult | BaseException] = []
-        asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
-        asking.start()
-        try:
-            assert worker.ingest_once()
-            time.sleep(0.2)
-            assert asking.is_alive()  # one new batch is not enough: still held
-            assert worker.ingest_once()
-            asking.join(5)
-            assert not asking.is_alive()
-        finally:
-            asking.join(10)
-        (result,) = results
+        result = _held_until(client, call, worker, batches=2)
         assert isinstance(result, GetRowsResult)
         assert result.row_count == 2 * BATCH
         assert result.last_shuffle_row_index == 4 * BATCH - 1
