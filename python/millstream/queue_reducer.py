@@ -29,7 +29,10 @@ class PendingRows:
         mapper_indices: The mapper each row came from (int32, one per row).
         ended_mappers: Mappers whose input ended and whose every row for this reducer is in
             ``rows`` or finished: nothing more will come from them. When it holds every
-            mapper, finish every row (the processor drains once all are finished).
+            mapper, finish every row (the processor drains once all are finished). After a
+            round too large for one transaction, ``rows`` holds only the first part of each
+            mapper's pending rows (halved until a round commits, then doubled back), and a
+            mapper whose rows are cut is not in it.
         fetched_rows: How many of ``rows`` arrived in this round (the others were pending
             already; after a restart every row counts as arrived).
     """

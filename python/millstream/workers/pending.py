@@ -77,17 +77,23 @@ class PendingQueue:
     def __len__(self) -> int:
         return sum(len(i) for chunks in self._indices for i in chunks)
 
-    def view(self, ended: frozenset[int]) -> PendingRows:
-        """Every pending row, mapper after mapper, for the user's ``process``."""
-        tables = [
-            pa.Table.from_batches(self._rows[m]) for m in range(self.num_mappers) if self._rows[m]
-        ]
-        mappers = np.concatenate(
-            [
-                np.full(sum(len(i) for i in self._indices[m]), m, dtype=np.int32)
-                for m in range(self.num_mappers)
-            ]
-        )
+    def view(self, ended: frozenset[int], share: float = 1.0) -> PendingRows:
+        """The pending rows, mapper after mapper, for the user's ``process``: all of them,
+        or the first ``share`` of each mapper's (at least one; a reducer whose round was
+        too large for one transaction). A mapper whose rows are cut is not ended."""
+        tables = []
+        counts = []
+        cut = set()
+        for m in range(self.num_mappers):
+            total = sum(len(i) for i in self._indices[m])
+            keep = total if share >= 1.0 else min(total, max(1, int(total * share)))
+            counts.append(keep)
+            if keep < total:
+                cut.add(m)
+            if keep:
+                tables.append(pa.Table.from_batches(self._rows[m]).slice(0, keep))
+        ended = frozenset(ended - cut)
+        mappers = np.concatenate([np.full(n, m, dtype=np.int32) for m, n in enumerate(counts)])
         try:
             rows = (
                 pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})

@@ -149,6 +149,12 @@ class ReducerWorker:
         self._told_ended: frozenset[int] | None = None
         """Queue reducer: the ended mappers its last ``process`` was told of."""
         self._warned_memory = False
+        self._pending_share = 1.0
+        """Queue reducer: the share of each mapper's pending rows ``process`` sees (below 1
+        after a round too large for one transaction)."""
+        self._view_cut = False
+        """Queue reducer: whether the last ``process`` saw only part of the pending rows
+        (then the next round shows it the rest, whatever arrived)."""
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
         """Steps 2-3: the persisted state, live mappers, and mappers already drained.
@@ -422,9 +428,12 @@ class ReducerWorker:
         # A mapper is in _ended once an answer used whole (not set aside for spilled rows)
         # said its input ended: rows after it exist nowhere, in the window or spilled.
         ended = frozenset(drained) | frozenset(self._ended)
-        if not len(queue) or not (arrived or changed or ended != self._told_ended):
+        if not len(queue) or not (
+            arrived or changed or ended != self._told_ended or self._view_cut
+        ):
             return False
-        pending = queue.view(ended)
+        pending = queue.view(ended, self._pending_share)
+        self._view_cut = len(pending) < len(queue)
         self._told_ended = None  # until this round's commit settles
         self._warn_if_pending_fills_memory(pending)
 
@@ -445,11 +454,33 @@ class ReducerWorker:
                 and not outputs.files_staged
             ):
                 self._told_ended = ended  # nothing to commit: the round is settled
+                self._pending_share = min(1.0, self._pending_share * 2)  # it wrote nothing
                 return None
             consumed = dict(enumerate(new)) if spill_waits or spilled else {}
             return Round(ReducerState(new), sum(prefix.values()), consumed)
 
-        committed = self._reduce_and_commit(state, process, fetched_bytes, {})
+        try:
+            committed = self._reduce_and_commit(state, process, fetched_bytes, {})
+        except (TransactionTooLargeError, TransactionTooOldError) as exc:
+            if len(pending) <= 1 and isinstance(exc, TransactionTooLargeError):
+                raise TransactionTooLargeError(
+                    f"reducer {self.index}: the writes of process for one pending row exceed "
+                    f"the store's transaction limits: {exc}. Write less per round "
+                    "(FoundationDB: 10 MB and 5 s per transaction)"
+                ) from exc
+            # The next rounds see a smaller prefix of each mapper's pending rows.
+            self._pending_share /= 2
+            self._note_error(
+                "commit",
+                type(exc)(
+                    f"reducer {self.index}: the round over {len(pending)} pending rows was too "
+                    f"large for one transaction; process sees the first "
+                    f"{self._pending_share:.3g} of each mapper's pending rows next: {exc}"
+                ),
+            )
+            return False
+        if committed:
+            self._pending_share = min(1.0, self._pending_share * 2)
         if committed and self.last_state is not None:
             queue.follow(self.last_state.committed_row_indices)
             self._told_ended = ended

@@ -117,3 +117,35 @@ def test_a_queue_reducer_needs_exactly_once(tmp_path: Path) -> None:
             num_reducers=2,
             delivery="at_least_once",
         )
+
+
+class CountWithBlobs(ms.QueueReducer):
+    """Finishes every pending row at once and writes a 2 kB value per row with its count."""
+
+    def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
+        pending.finish_all()
+        keys = pending.rows["key"].combine_chunks()
+        counts = pa.table({"key": keys}).group_by("key").aggregate([([], "count_all")])
+        txn.add_many(("n",), counts["key"].combine_chunks(), counts["count_all"].combine_chunks())
+        blobs = pa.array([b"x" * 2_000] * len(keys), pa.binary())
+        txn.set_many(("blob", len(pending)), pa.array(range(len(keys)), pa.int64()), blobs)
+
+
+def test_a_round_too_large_for_one_transaction_sees_fewer_rows(tmp_path: Path) -> None:
+    from millstream.state.limits import StoreLimits
+    from test_worker_steps import Cluster
+
+    data = _skewed(2)
+    c = Cluster(
+        tmp_path, data, reducer=CountWithBlobs, limits=StoreLimits(max_transaction_bytes=200_000)
+    )
+    for _ in range(4):
+        for mapper in c.mappers.values():
+            mapper.ingest_once()
+    reducer = c.reducers[0]
+    assert not reducer.run_once()  # about 400 rows x 2 kB: over the limit
+    assert "too large for one transaction" in reducer.last_error
+    c.run_to_end()
+    assert c.output() == expected_counts(data)
+    assert reducer.commits > 1
+    c.store.close()
