@@ -41,6 +41,7 @@ import socket
 import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -487,9 +488,10 @@ def log(message: str) -> None:
 Monitor = Callable[[float], None]
 
 
-class PeriodicSampler:
+class PeriodicSampler(ABC):
     """Calls :meth:`sample` every ``period`` seconds in a thread and keeps the rows it
-    returns; a sample the store is too busy for is skipped (and said)."""
+    returns; a sample the store is too busy for is skipped (and said). Subclasses say what
+    a sample is (the straggler and recovery benchmarks)."""
 
     def __init__(self, pipeline: Pipeline, period: float) -> None:
         self.pipeline = pipeline
@@ -499,9 +501,9 @@ class PeriodicSampler:
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
         self._thread.start()
 
+    @abstractmethod
     def sample(self) -> dict[str, Any]:
         """One row of figures (raise to skip it)."""
-        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):

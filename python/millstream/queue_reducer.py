@@ -98,9 +98,9 @@ class PendingRows:
     def finished(self) -> pa.BooleanArray:
         """The rows this round's commit finishes, as things stand (see :meth:`finish`)."""
         out = np.zeros(len(self._finished), dtype=bool)
-        for m, n in self.finished_prefix().items():
-            start = next(a for mapper, a, _ in self._runs if mapper == m)
-            out[start : start + n] = True
+        prefix = self.finished_prefix()
+        for m, start, _ in self._runs:
+            out[start : start + prefix[m]] = True
         return pa.array(out, pa.bool_())
 
     def finished_prefix(self) -> dict[int, int]:
