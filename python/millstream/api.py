@@ -35,12 +35,15 @@ class WorkerSpec:
     Attributes:
         processor: The processor's name (its store prefix).
         role: ``"mapper"`` or ``"reducer"``.
-        index: The worker's index within its role.
+        index: A reducer's index; a mapper's is the input partition it maps (a mapper
+            worker reading several partitions runs one ``Mapper`` per partition).
         guid: This instance's GUID; a restarted worker gets a new one.
-        num_mappers: Number of mappers (one per input partition).
+        num_mappers: Number of mapper workers.
         num_reducers: Number of reducers.
         processor_guid: The processor's GUID: stable for a given store and name, so the
             same across restarts and runners.
+        num_partitions: Number of input partitions, each a stream of shuffled rows of its
+            own (reducers see rows per partition); 0 when built by hand: ``num_mappers``.
     """
 
     processor: str
@@ -50,6 +53,11 @@ class WorkerSpec:
     num_mappers: int
     num_reducers: int
     processor_guid: str = ""
+    num_partitions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_partitions == 0:
+            object.__setattr__(self, "num_partitions", self.num_mappers)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,8 @@ def _run(args: argparse.Namespace) -> int:
     start_fork_server()  # it imports millstream and pyarrow while the user's module loads
     processor = load_processor(args.processor)
     print(
-        f"millstream: running {processor.name}: {processor.num_mappers} mappers, "
+        f"millstream: running {processor.name}: {processor.num_mappers} mappers over "
+        f"{processor.num_partitions} partitions, "
         f"{processor.num_reducers} reducers, store {processor.store}",
         file=sys.stderr,
     )
@@ -145,9 +146,9 @@ def _optional(value: float | None, spec: str) -> str:
 def render_status(status: dict[str, Any]) -> str:
     """The human-readable table of :func:`collect_status`."""
     lines = [
-        f"processor {status['processor']}: {status['num_mappers']} mappers, "
+        f"processor {status['processor']}: {status['num_partitions']} input partitions, "
         f"{status['num_reducers']} reducers",
-        f"{'mapper':>6} {'alive':>5} {'read':>12} {'persisted':>12} {'lag rows':>10} "
+        f"{'part.':>6} {'alive':>5} {'read':>12} {'persisted':>12} {'lag rows':>10} "
         f"{'lag s':>7} {'rows/s':>10} {'window rows':>12} {'window MB':>10} {'limit MB':>9}",
     ]
     errors = []

@@ -29,7 +29,7 @@ class Processor:
         mapper: The user's :class:`~millstream.Mapper` subclass (importable by module path,
             since workers run in other processes).
         reducer: The user's :class:`~millstream.Reducer` subclass.
-        input: One partition per mapper, e.g. :class:`~millstream.inputs.ParquetLog`.
+        input: A partitioned input, e.g. :class:`~millstream.inputs.ParquetLog`.
         store: State store URL: ``sqlite:///abs/path.db`` or ``fdb://[cluster file]``.
         num_reducers: Number of reducers.
         name: The processor's name; its state lives under this store prefix.
@@ -50,6 +50,11 @@ class Processor:
             processor's store. Reducers write through
             :meth:`~millstream.Transaction.append` and
             :meth:`~millstream.Transaction.write_parquet`.
+        num_mappers: Mapper workers (processes or Spark tasks); 0 (the default): one per
+            input partition. Mapper ``m`` reads partitions ``m``, ``m + num_mappers``, ...,
+            each with its own window, shuffle numbering and records, so a processor may be
+            restarted with another ``num_mappers`` (its partitions move between mappers,
+            no row is lost or repeated). The input's partition count is fixed for ever.
     """
 
     mapper: type[Mapper]
@@ -62,15 +67,23 @@ class Processor:
     tuning: Tuning = field(default_factory=Tuning)
     delivery: Delivery = "exactly_once"
     outputs: Sequence[Output] = ()
+    num_mappers: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outputs", tuple(self.outputs))
         self.validate()
+        if self.num_mappers == 0:
+            object.__setattr__(self, "num_mappers", self.num_partitions)
 
     @property
-    def num_mappers(self) -> int:
-        """One mapper per input partition."""
+    def num_partitions(self) -> int:
+        """The input's partitions: every protocol record, a reducer's progress and the
+        shuffle numbering are kept per partition, whichever mapper reads it."""
         return self.input.num_partitions
+
+    def partitions_of(self, mapper_index: int) -> tuple[int, ...]:
+        """The input partitions mapper ``mapper_index`` reads."""
+        return tuple(range(mapper_index, self.num_partitions, self.num_mappers))
 
     def validate(self) -> None:
         """Check the configuration before anything starts.
@@ -98,8 +111,18 @@ class Processor:
             raise ConfigurationError(
                 f"delivery must be one of {', '.join(map(repr, DELIVERIES))}, got {self.delivery!r}"
             )
-        if self.num_mappers < 1:
+        if self.num_partitions < 1:
             raise ConfigurationError("the input has no partitions, so there is no mapper to run")
+        if (
+            not isinstance(self.num_mappers, int)
+            or isinstance(self.num_mappers, bool)
+            or not 0 <= self.num_mappers <= self.num_partitions
+        ):
+            raise ConfigurationError(
+                f"num_mappers must be an int between 1 and the input's {self.num_partitions} "
+                f"partitions (0: one mapper per partition), got {self.num_mappers!r}; a mapper "
+                "without a partition would have nothing to read"
+            )
         if self.delivery == "at_least_once" and issubclass(self.reducer, QueueReducer):
             raise ConfigurationError(
                 f"{self.reducer.__name__} is a QueueReducer, which needs exactly-once delivery "
@@ -173,7 +196,7 @@ class Processor:
         job.py:processor`` and ``pkg.job`` when imported from a package.
         """
         fingerprint = f"{self.mapper.__qualname__}->{self.reducer.__qualname__}"
-        return ProcessorInfo(self.num_mappers, self.num_reducers, fingerprint, self.delivery)
+        return ProcessorInfo(self.num_partitions, self.num_reducers, fingerprint, self.delivery)
 
     @property
     def at_least_once(self) -> bool:
@@ -188,7 +211,14 @@ class Processor:
     def spec(self, role: str, index: int, guid: str) -> WorkerSpec:
         """The specification handed to worker ``index`` of ``role`` (instance ``guid``)."""
         return WorkerSpec(
-            self.name, role, index, guid, self.num_mappers, self.num_reducers, self.guid
+            self.name,
+            role,
+            index,
+            guid,
+            self.num_mappers,
+            self.num_reducers,
+            self.guid,
+            self.num_partitions,
         )
 
     def open_store(self) -> Store:

@@ -228,7 +228,7 @@ def run_in_process(processor: Processor, *, max_rounds: int = 100_000) -> None:
     store = processor.open_store()
     mappers = [
         MapperWorker(processor, m, store, clock=clock, guid=f"mapper-{m}")
-        for m in range(processor.num_mappers)
+        for m in range(processor.num_partitions)
     ]
     try:
         for mapper in mappers:

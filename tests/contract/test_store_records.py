@@ -61,7 +61,7 @@ def test_reducer_state(store: Store) -> None:
         -1,
         7,
     )
-    with pytest.raises(ConfigurationError, match="number of mappers"):
+    with pytest.raises(ConfigurationError, match="partition count is fixed"):
         store.transact(lambda t: read_reducer_state(t, 0, 4))
 
 
@@ -138,9 +138,15 @@ def test_worker_status(store: Store) -> None:
 
 def test_processor_info_refuses_mismatched_restart(store: Store) -> None:
     assert store.transact(read_processor_info) is None
-    info = ProcessorInfo(num_mappers=2, num_reducers=3, fingerprint="wc")
+    info = ProcessorInfo(num_partitions=2, num_reducers=3, fingerprint="wc")
     store.transact(lambda t: check_processor_info(t, info))
     store.transact(lambda t: check_processor_info(t, info))
     assert store.transact(read_processor_info) == info
-    with pytest.raises(ConfigurationError, match="2 mappers, 3 reducers"):
+    with pytest.raises(ConfigurationError, match="2 partitions, 3 reducers"):
         store.transact(lambda t: check_processor_info(t, ProcessorInfo(2, 4, "wc")))
+    # A record of the releases whose mappers read one partition each reads the same.
+    legacy = (
+        b'{"delivery": "exactly_once", "fingerprint": "wc", "num_mappers": 2, "num_reducers": 3}'
+    )
+    store.transact(lambda t: t.set((*SYSTEM, "processor"), legacy))
+    assert store.transact(read_processor_info) == info

@@ -38,7 +38,7 @@ def _committed(processor: ms.Processor, mapper: int) -> int:
     return _read(
         processor,
         lambda txn: sum(
-            read_reducer_state(txn, r, processor.num_mappers).committed_row_indices[mapper] + 1
+            read_reducer_state(txn, r, processor.num_partitions).committed_row_indices[mapper] + 1
             for r in range(processor.num_reducers)
         ),
     )

@@ -200,7 +200,7 @@ class SimQueueReducer(ms.QueueReducer):
 
     def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
         rows = pending.rows
-        if len(pending.ended_mappers) == self.spec.num_mappers:
+        if len(pending.ended_mappers) == self.spec.num_partitions:
             pending.finish_all()
         else:
             salt = len(pending)

@@ -75,7 +75,7 @@ def _state_then_writes(
         writes.reset()
         return False
     try:
-        if read_reducer_state(txn, self.index, self.processor.num_mappers) != state:
+        if read_reducer_state(txn, self.index, self.processor.num_partitions) != state:
             txn.reset()
             writes.reset()
             return False

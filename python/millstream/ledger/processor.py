@@ -19,7 +19,9 @@ class ProcessorInfo:
     """What a processor's state was created with.
 
     Attributes:
-        num_mappers: Number of mappers.
+        num_partitions: Number of input partitions (fixed for ever: the mappers' records
+            and the reducers' progress are kept per partition; the number of mapper workers
+            reading them may change between runs).
         num_reducers: Number of reducers.
         fingerprint: Anything else that must not change between runs (e.g. a hash of the
             mapper and reducer class names); free-form.
@@ -27,7 +29,7 @@ class ProcessorInfo:
             keep different records, so a processor keeps its mode).
     """
 
-    num_mappers: int
+    num_partitions: int
     num_reducers: int
     fingerprint: str = ""
     delivery: str = "exactly_once"
@@ -47,7 +49,10 @@ def read_processor_info(txn: StoreTransaction) -> ProcessorInfo | None:
     if raw is None:
         return None
     try:
-        return ProcessorInfo(**json.loads(raw))
+        fields = json.loads(raw)
+        if "num_mappers" in fields:  # written when every mapper read one partition
+            fields["num_partitions"] = fields.pop("num_mappers")
+        return ProcessorInfo(**fields)
     except Exception as exc:
         raise bad_record("processor metadata", raw, exc) from exc
 
@@ -55,8 +60,8 @@ def read_processor_info(txn: StoreTransaction) -> ProcessorInfo | None:
 def _same_classes(stored: ProcessorInfo, info: ProcessorInfo) -> bool:
     """Whether a fingerprint of earlier releases (classes with their module, such as
     ``jobs.Sum->jobs.Store``) names the classes of ``info`` (``Sum->Store``)."""
-    if (stored.num_mappers, stored.num_reducers, stored.delivery) != (
-        info.num_mappers,
+    if (stored.num_partitions, stored.num_reducers, stored.delivery) != (
+        info.num_partitions,
         info.num_reducers,
         info.delivery,
     ):
@@ -79,10 +84,10 @@ def check_processor_info(txn: StoreTransaction, info: ProcessorInfo) -> None:
         return
     if stored != info and not _same_classes(stored, info):
         raise ConfigurationError(
-            f"this store prefix holds a processor with {stored.num_mappers} mappers, "
+            f"this store prefix holds a processor with {stored.num_partitions} partitions, "
             f"{stored.num_reducers} reducers, fingerprint {stored.fingerprint!r} and "
-            f"delivery {stored.delivery!r}, but it was started with {info.num_mappers} "
-            f"mappers, {info.num_reducers} reducers, fingerprint {info.fingerprint!r} and "
+            f"delivery {stored.delivery!r}, but it was started with {info.num_partitions} "
+            f"partitions, {info.num_reducers} reducers, fingerprint {info.fingerprint!r} and "
             f"delivery {info.delivery!r}. Restart it with the original configuration, "
             "or use a new store prefix (or file) for the new one."
         )
@@ -147,7 +152,7 @@ def prepare_store(store: Store, info: ProcessorInfo) -> None:
 
     def prepare(txn: StoreTransaction) -> None:
         check_processor_info(txn, info)
-        for m in range(info.num_mappers):
+        for m in range(info.num_partitions):
             txn.clear(drained_key(m))
 
     # Idempotent: it checks the processor's record and clears markers.
@@ -165,7 +170,7 @@ def summarize(
 ) -> RunSummary:
     """Totals of a processor from its store; ``before``: the totals when the run started."""
     with store.read() as txn:
-        mappers = range(info.num_mappers)
+        mappers = range(info.num_partitions)
         reducers = range(info.num_reducers)
         states = [read_mapper_state(txn, m) for m in mappers]
 

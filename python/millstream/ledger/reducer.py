@@ -15,16 +15,17 @@ class ReducerState:
     """A reducer's persisted state (thesis 4.4.1).
 
     Attributes:
-        committed_row_indices: Per mapper, the last shuffle row index this reducer has
-            committed; ``-1`` when nothing from that mapper was committed yet.
+        committed_row_indices: Per input partition (a mapper's stream), the last shuffle
+            row index this reducer has committed; ``-1`` when nothing from it was
+            committed yet.
     """
 
     committed_row_indices: tuple[int, ...]
 
     @classmethod
-    def initial(cls, num_mappers: int) -> ReducerState:
+    def initial(cls, num_partitions: int) -> ReducerState:
         """The state before the first commit."""
-        return cls((-1,) * num_mappers)
+        return cls((-1,) * num_partitions)
 
 
 def reducer_state_key(reducer_index: int) -> tuple[str, str, int]:
@@ -33,25 +34,25 @@ def reducer_state_key(reducer_index: int) -> tuple[str, str, int]:
 
 
 def read_reducer_state(
-    txn: StoreTransaction, reducer_index: int, num_mappers: int, *, snapshot: bool = False
+    txn: StoreTransaction, reducer_index: int, num_partitions: int, *, snapshot: bool = False
 ) -> ReducerState:
     """Read a reducer's persisted state (``snapshot``: without a read conflict).
 
     Raises:
-        ConfigurationError: The stored state has a different number of mappers.
+        ConfigurationError: The stored state has a different number of partitions.
     """
     raw = txn.get(reducer_state_key(reducer_index), snapshot=snapshot)
     if raw is None:
-        return ReducerState.initial(num_mappers)
+        return ReducerState.initial(num_partitions)
     try:
         indices = tuple(int(i) for i in unpack(raw))
     except Exception as exc:
         raise bad_record(f"state of reducer {reducer_index}", raw, exc) from exc
-    if len(indices) != num_mappers:
+    if len(indices) != num_partitions:
         raise ConfigurationError(
-            f"reducer {reducer_index} has committed state for {len(indices)} mappers but the "
-            f"processor is configured with {num_mappers}; changing the number of mappers of "
-            "an existing processor is not supported (use a new store prefix)"
+            f"reducer {reducer_index} has committed state for {len(indices)} input partitions "
+            f"but the processor's input has {num_partitions}; an input's partition count is "
+            "fixed for ever (use a new store prefix for the new input)"
         )
     return ReducerState(indices)
 

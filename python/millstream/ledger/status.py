@@ -41,7 +41,7 @@ def read_status(
     now = time.time()
     stale = 10 * heartbeat
     mappers = []
-    for m in range(info.num_mappers):
+    for m in range(info.num_partitions):
         persisted = read_mapper_state(txn, m).input_unread_row_index
         s = statuses.get(("mapper", m), {})
         end = s.get("partition_end_row_index")
@@ -66,7 +66,7 @@ def read_status(
         )
     reducers = []
     for r in range(info.num_reducers):
-        committed = read_reducer_state(txn, r, info.num_mappers).committed_row_indices
+        committed = read_reducer_state(txn, r, info.num_partitions).committed_row_indices
         s = statuses.get(("reducer", r), {})
         last_commit = _float(s, "last_commit_time")
         uptime = _float(s, "uptime")
@@ -85,7 +85,7 @@ def read_status(
         )
     return {
         "processor": prefix,
-        "num_mappers": info.num_mappers,
+        "num_partitions": info.num_partitions,
         "num_reducers": info.num_reducers,
         "time": now,
         "mappers": mappers,

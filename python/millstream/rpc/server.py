@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,9 +24,21 @@ _MAX_WAIT_SECONDS = 30.0
 
 
 class _Servicer(millstream_pb2_grpc.MapperServicer):
-    def __init__(self, handler: RowsHandler, max_bytes: int) -> None:
-        self._handler = handler
+    def __init__(self, handlers: RowsHandler | Mapping[str, RowsHandler], max_bytes: int) -> None:
+        self._handlers = handlers
         self._max_bytes = max_bytes
+
+    def _handler(self, mapper_id: str) -> RowsHandler:
+        """The handler a call is for: the only one, or the instance it names."""
+        if not isinstance(self._handlers, Mapping):
+            return self._handlers
+        handler = self._handlers.get(mapper_id)
+        if handler is None:
+            raise StaleMapperError(
+                f"GetRows for mapper instance {mapper_id} reached a server of instances "
+                f"{', '.join(sorted(self._handlers))}: the caller's discovery entry is stale"
+            )
+        return handler
 
     def GetRows(
         self, request: millstream_pb2.GetRowsRequest, context: grpc.ServicerContext
@@ -33,7 +46,6 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         max_bytes = min(request.max_bytes or self._max_bytes, self._max_bytes)
         wait = max(0, request.wait_ms) / 1000 if request.count > 0 else 0.0
         deadline = time.monotonic() + min(wait, _MAX_WAIT_SECONDS)
-        handler = self._handler
         # Passed only when set, so handlers that predate fetch positions keep working.
         after = (
             {"after_row_index": request.after_row_index}
@@ -44,6 +56,7 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         if request.shuffle_indices:
             options["shuffle_indices"] = True
         try:
+            handler = self._handler(request.mapper_id)
             if request.gather_rows > 0 and wait > 0 and isinstance(handler, RowsGatherer):
                 # Acknowledge the committed index first (frees memory, lets the mapper read
                 # on), then hold the call while the reducer's backlog gathers.
@@ -91,10 +104,12 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
 
 
 class RowsServer:
-    """A started gRPC server for one mapper.
+    """A started gRPC server for one mapper worker.
 
     Args:
-        handler: Serves the calls.
+        handler: Serves the calls: one handler, or one per mapper instance GUID (a mapper
+            worker reading several partitions serves them all on one port; each call
+            names the instance it is for).
         bind: ``host:port`` to listen on; port 0 picks a free one.
         max_message_bytes: gRPC send/receive limit.
         max_response_bytes: Byte cap of one response's Arrow IPC payload (kept below what
@@ -106,7 +121,7 @@ class RowsServer:
 
     def __init__(
         self,
-        handler: RowsHandler,
+        handler: RowsHandler | Mapping[str, RowsHandler],
         bind: str,
         max_message_bytes: int,
         max_response_bytes: int,

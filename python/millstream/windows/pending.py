@@ -102,7 +102,7 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
     def _watermark(self, marks: dict[int, int], ended: frozenset[int]) -> int | None:
         """The smallest latest event time over the mappers whose input has not ended (None
         while one of them has reported nothing); past every window once all ended."""
-        waiting = [m for m in range(self.spec.num_mappers) if m not in ended]
+        waiting = [m for m in range(self.spec.num_partitions) if m not in ended]
         if not waiting:
             return _END_OF_TIME
         if any(m not in marks for m in waiting):

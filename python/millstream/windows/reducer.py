@@ -187,7 +187,7 @@ class WindowReducer(Reducer, UsesWindows):
     def _watermark(self, marks: dict[int, int]) -> int | None:
         """The smallest latest event time over the mappers that may still send rows (None
         while one of them has reported nothing); past every window once all drained."""
-        waiting = [m for m in range(self.spec.num_mappers) if m not in self.drained_mappers]
+        waiting = [m for m in range(self.spec.num_partitions) if m not in self.drained_mappers]
         if not waiting:
             return _END_OF_TIME
         if any(m not in marks for m in waiting):

@@ -64,15 +64,18 @@ SPILL_CHUNK_SHARE = 0.9
 
 
 class MapperWorker:
-    """One mapper instance.
+    """One mapper instance over one input partition (a mapper worker reading several
+    partitions runs one of these per partition, :mod:`millstream.workers.serve`).
 
     Args:
         processor: The processor this mapper belongs to.
-        index: The mapper's index (its input partition).
+        index: The input partition it reads (the index its records are kept under).
         store: The processor's store.
         clock: Time source.
         reader: The partition reader (default: the processor input's reader of ``index``).
         guid: This instance's GUID (default: a new random one).
+        memory_limit_bytes: Its window's limit (default: ``Tuning.memory_limit_bytes``; a
+            worker reading several partitions shares that between them).
     """
 
     def __init__(
@@ -84,12 +87,14 @@ class MapperWorker:
         clock: Clock = SYSTEM_CLOCK,
         reader: PartitionReader | None = None,
         guid: str | None = None,
+        memory_limit_bytes: int | None = None,
     ) -> None:
         self.processor = processor
         self.index = index
         self.store = store
         self.clock = clock
         self.tuning = processor.tuning
+        self.memory_limit_bytes = memory_limit_bytes or processor.tuning.memory_limit_bytes
         self.guid = guid or uuid.uuid4().hex
         self.spec = processor.spec("mapper", index, self.guid)
         self.user = processor.mapper(self.spec, processor.config)
@@ -141,7 +146,7 @@ class MapperWorker:
         old = self.window
         self.window = _core.Window(
             self.processor.num_reducers,
-            self.tuning.memory_limit_bytes,
+            self.memory_limit_bytes,
             self.persisted.input_unread_row_index,
             self.persisted.shuffle_unread_row_index,
             self.persisted.continuation_token,
@@ -177,7 +182,7 @@ class MapperWorker:
             The persisted state the window starts from.
         """
         state = read_mapper_state(txn, self.index)
-        m = self.processor.num_mappers
+        m = self.processor.num_partitions
         committed = max(
             max(
                 read_reducer_state(txn, r, m).committed_row_indices[self.index],
@@ -276,8 +281,9 @@ class MapperWorker:
         except MemoryLimitError as exc:
             raise ConfigurationError(
                 f"mapper {self.index}: the rows mapped from input rows [{begin}, {end}) alone "
-                f"need more than tuning.memory_limit_bytes ({self.tuning.memory_limit_bytes}): "
-                f"{exc}. Lower tuning.batch_rows or raise tuning.memory_limit_bytes"
+                f"need more than the window's memory limit ({self.memory_limit_bytes} bytes): "
+                f"{exc}. Lower tuning.batch_rows or raise tuning.memory_limit_bytes (a mapper "
+                "reading several partitions gives each an equal share of it)"
             ) from exc
         except MillstreamError as exc:
             raise UserCodeError(
@@ -552,7 +558,7 @@ class MapperWorker:
             self._verify_persisted(txn)
             # A reducer reads spilled rows straight from the store, right after what it
             # committed: a bucket popped past that (a false claim) must not spill.
-            check_claims(txn, self.index, self.processor.num_mappers, claims)
+            check_claims(txn, self.index, self.processor.num_partitions, claims)
             for reducer, _, last, _, payload in chunks:
                 write_spill_chunk(txn, reducer, self.index, last, payload)
             txn.commit()
@@ -608,7 +614,7 @@ class MapperWorker:
         written: MapperState | None = None
         try:
             self._verify_persisted(txn)
-            check_claims(txn, self.index, self.processor.num_mappers, claims)
+            check_claims(txn, self.index, self.processor.num_partitions, claims)
             if not advanced:
                 txn.reset()
                 self._trim_to_persisted()
@@ -695,7 +701,7 @@ class MapperWorker:
             "window_bytes": window.buffered_bytes if window else 0,
             "window_entries": window.num_entries if window else 0,
             "shuffle_end_row_index": window.shuffle_end_row_index if window else 0,
-            "memory_limit_bytes": self.tuning.memory_limit_bytes,
+            "memory_limit_bytes": self.memory_limit_bytes,
             "spills": self.spills,
             "rows_spilled": self.rows_spilled,
             "bytes_spilled": self.bytes_spilled,

@@ -141,7 +141,7 @@ class ReducerWorker:
         """Told each commit's latency (seconds), bytes written, rows reduced and Arrow
         bytes fetched: the metrics hook."""
         self.pending = (
-            PendingQueue(processor.num_mappers) if isinstance(self.user, QueueReducer) else None
+            PendingQueue(processor.num_partitions) if isinstance(self.user, QueueReducer) else None
         )
         """A queue reducer's rows fetched and not committed (None for a plain reducer)."""
         self._ended: set[int] = set()
@@ -162,7 +162,7 @@ class ReducerWorker:
         Mapper entries that stopped beating (on this reducer's clock) are skipped and
         removed from discovery.
         """
-        m = self.processor.num_mappers
+        m = self.processor.num_partitions
         with self.store.read() as txn:
             state = read_reducer_state(txn, self.index, m)
             mappers, dead = self.discovery.observe(list_workers(txn, "mapper"))
@@ -197,7 +197,7 @@ class ReducerWorker:
             with self.store.read() as txn:
                 return all(
                     txn.get(drained_key(i), snapshot=True) is not None
-                    for i in range(self.processor.num_mappers)
+                    for i in range(self.processor.num_partitions)
                 )
         except (RetryableStoreError, StoreUnavailableError):
             return False
@@ -229,7 +229,7 @@ class ReducerWorker:
         in discovery (at start-up they register one by one), at most ``gather_seconds``,
         so that its first commit holds every mapper's backlog instead of one mapper's rows
         alone. A mapper still missing after that (down) holds nobody."""
-        if not self.gathering or present >= self.processor.num_mappers:
+        if not self.gathering or present >= self.processor.num_partitions:
             self._missing_since = None
             return False
         now = self.clock.now()
@@ -250,11 +250,11 @@ class ReducerWorker:
         state, mappers, drained = self._read_view()
         self.last_state = state
         self.user.drained_mappers = frozenset(drained)
-        self.all_drained = len(drained) == self.processor.num_mappers and not self._spill_pending
+        self.all_drained = len(drained) == self.processor.num_partitions and not self._spill_pending
         live = {
             m: info
             for m, info in mappers.items()
-            if m not in drained and 0 <= m < self.processor.num_mappers
+            if m not in drained and 0 <= m < self.processor.num_partitions
         }
         if self._await_missing_mappers(len(live) + len(drained)):
             return False
@@ -711,7 +711,7 @@ class ReducerWorker:
                     txn.reset()
                     return False
                 new, rows, consumed = done.state, done.rows, done.consumed
-                if read_reducer_state(txn, self.index, self.processor.num_mappers) != state:
+                if read_reducer_state(txn, self.index, self.processor.num_partitions) != state:
                     self.split_brains += 1
                     txn.reset()
                     return False

@@ -17,7 +17,7 @@ from millstream.rpc.address import LOOPBACK, host_port, mapper_address
 from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 from millstream.rpc.tls import TlsFiles, tls_files
-from millstream.state import Store
+from millstream.state import Store, StoreTransaction
 from millstream.workers import metrics as prometheus
 from millstream.workers.mapper import MapperWorker
 from millstream.workers.reducer import ReducerWorker
@@ -89,18 +89,36 @@ def _serve_mapper(
     host: str,
     tls: TlsFiles | None,
 ) -> None:
+    """Serve mapper worker ``index``: one :class:`MapperWorker` per partition it reads
+    (sharing the memory limit), one GetRows server for them all, a heartbeat each."""
     t = processor.tuning
     where = mapper_address(t, host)
-    worker = MapperWorker(processor, index, store, guid=guid)
+    partitions = processor.partitions_of(index)
+    share = max(1, t.memory_limit_bytes // len(partitions))
+    workers = [
+        MapperWorker(
+            processor,
+            p,
+            store,
+            guid=guid if guid is None or len(partitions) == 1 else f"{guid}.{p}",
+            memory_limit_bytes=share,
+        )
+        for p in partitions
+    ]
     try:
-        store.transact(lambda txn: txn.clear(drained_key(index)), idempotent=True)
+
+        def clear_drained(txn: StoreTransaction) -> None:
+            for p in partitions:
+                txn.clear(drained_key(p))
+
+        store.transact(clear_drained, idempotent=True)
         try:
             server = RowsServer(
-                worker,
+                {worker.guid: worker for worker in workers},
                 host_port(where.bind, 0),
                 t.grpc_max_message_bytes,
                 t.get_rows_max_bytes,
-                max_concurrent_calls=max(8, processor.num_reducers),
+                max_concurrent_calls=max(8, processor.num_reducers * len(workers)),
                 credentials=None if tls is None else tls.server_credentials(),
             )
         except (OSError, RuntimeError) as exc:  # grpcio raises either when bind fails
@@ -112,23 +130,66 @@ def _serve_mapper(
             ) from exc
         try:
             address = where.endpoint(server.port)
-            status: Callable[[], dict[str, Metric]] = MapperStatus(
-                worker.metrics, processor.input, index
-            )
-            if prometheus.enabled():
-                status = prometheus.WorkerMetrics("mapper", index).following(status)
-            beat = Heartbeat(
-                store, "mapper", index, worker.guid, address, t.heartbeat_seconds, status
-            )
-            beat.start()
+            beats = []
+            for worker in workers:
+                status: Callable[[], dict[str, Metric]] = MapperStatus(
+                    worker.metrics, processor.input, worker.index
+                )
+                if prometheus.enabled():
+                    status = prometheus.WorkerMetrics("mapper", worker.index).following(status)
+                beats.append(
+                    Heartbeat(
+                        store,
+                        "mapper",
+                        worker.index,
+                        worker.guid,
+                        address,
+                        t.heartbeat_seconds,
+                        status,
+                    )
+                )
+            for beat in beats:
+                beat.start()
             try:
-                worker.run(stop)
+                _run_together(workers, stop)
             finally:
-                beat.stop()
+                for beat in beats:
+                    beat.stop()
         finally:
             server.stop()
     finally:
-        worker.close()
+        for worker in workers:
+            worker.close()
+
+
+def _run_together(workers: list[MapperWorker], stop: threading.Event) -> None:
+    """Run the partitions' mapper loops until each drains or ``stop`` is set; the first
+    one that fails stops the others and its error is raised (the runner then restarts
+    the whole worker, each partition from its persisted state)."""
+    if len(workers) == 1:
+        workers[0].run(stop)
+        return
+    halt = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(worker: MapperWorker) -> None:
+        try:
+            worker.run(halt)
+        except BaseException as exc:
+            errors.append(exc)
+            halt.set()
+
+    threads = [
+        threading.Thread(target=run, args=(w,), name=f"mapper-{w.index}", daemon=True)
+        for w in workers
+    ]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        if stop.wait(0.05):
+            halt.set()
+    if errors:
+        raise errors[0]
 
 
 def _serve_reducer(

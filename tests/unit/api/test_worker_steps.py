@@ -82,7 +82,7 @@ class Cluster:
         self.handlers: dict[str, RowsHandler] = {}
         self.mappers: dict[int, MapperWorker] = {}
         self.reducers: dict[int, ReducerWorker] = {}
-        for m in range(self.processor.num_mappers):
+        for m in range(self.processor.num_partitions):
             self.start_mapper(m)
         for r in range(num_reducers):
             self.start_reducer(r)
