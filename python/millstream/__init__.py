@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from millstream.processor import Processor
     from millstream.queue_reducer import PendingRows, QueueReducer
     from millstream.runner.local import RunStopped, run_local, run_local_pipeline
+    from millstream.runner.rescale import RescaleSummary, rescale
     from millstream.tuning import RestartStrategy
 
 _WHERE = {
@@ -41,6 +42,7 @@ _WHERE = {
     "QueueReducer": "millstream.queue_reducer",
     "ReadResult": "millstream.inputs.base",
     "Reducer": "millstream.api",
+    "RescaleSummary": "millstream.runner.rescale",
     "RestartStrategy": "millstream.tuning",
     "RunStopped": "millstream.runner.local",
     "RunSummary": "millstream.ledger",
@@ -49,6 +51,7 @@ _WHERE = {
     "WorkerSpec": "millstream.api",
     "run_local": "millstream.runner.local",
     "run_local_pipeline": "millstream.runner.local",
+    "rescale": "millstream.runner.rescale",
     "__version__": "millstream._core",
 }
 _SUBMODULES = ("exceptions", "inputs", "outputs", "windows")
@@ -79,6 +82,7 @@ __all__ = [
     "QueueReducer",
     "ReadResult",
     "Reducer",
+    "RescaleSummary",
     "RestartStrategy",
     "RunStopped",
     "RunSummary",
@@ -89,6 +93,7 @@ __all__ = [
     "exceptions",
     "inputs",
     "outputs",
+    "rescale",
     "run_local",
     "run_local_pipeline",
     "windows",

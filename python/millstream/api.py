@@ -17,9 +17,17 @@ import pyarrow as pa
 
 from millstream import _core
 from millstream.exceptions import ConfigurationError
-from millstream.ledger import OUTPUT
+from millstream.ledger import DEFAULT_KEY_GROUPS, OUTPUT
 from millstream.state import StoreTransaction, decode_int64
 from millstream.tuning import Tuning
+
+
+def reducer_of_key_groups(key_groups: pa.Array, num_reducers: int, num_key_groups: int) -> pa.Array:
+    """The reducer (int32) owning each key group: reducer ``r`` owns the contiguous range
+    :meth:`WorkerSpec.key_group_range` gives."""
+    groups = key_groups.to_numpy(zero_copy_only=False).astype("int64")
+    return pa.array((groups * num_reducers // num_key_groups).astype("int32"))
+
 
 if TYPE_CHECKING:
     from millstream.inputs.store_queue import StoreQueue
@@ -44,6 +52,9 @@ class WorkerSpec:
             same across restarts and runners.
         num_partitions: Number of input partitions, each a stream of shuffled rows of its
             own (reducers see rows per partition); 0 when built by hand: ``num_mappers``.
+        key_groups: Keys hash to this many key groups, fixed when the processor is
+            created (the most reducers it can be rescaled to); reducer ``r`` owns the
+            contiguous :attr:`key_group_range`. 0 when built by hand: the default, 128.
     """
 
     processor: str
@@ -54,10 +65,20 @@ class WorkerSpec:
     num_reducers: int
     processor_guid: str = ""
     num_partitions: int = 0
+    key_groups: int = 0
 
     def __post_init__(self) -> None:
         if self.num_partitions == 0:
             object.__setattr__(self, "num_partitions", self.num_mappers)
+        if self.key_groups == 0:
+            object.__setattr__(self, "key_groups", DEFAULT_KEY_GROUPS)
+
+    @property
+    def key_group_range(self) -> range:
+        """The key groups reducer :attr:`index` owns (:meth:`Partitioned.by_hash` sends it
+        exactly the keys hashing into them); rescaling reassigns whole ranges."""
+        g, r = self.key_groups, self.num_reducers
+        return range(-(-self.index * g // r), -(-(self.index + 1) * g // r))
 
 
 @dataclass(frozen=True)
@@ -87,11 +108,15 @@ class Partitioned:
         num_reducers: int,
         *,
         canonical_order: bool = True,
+        key_groups: int = DEFAULT_KEY_GROUPS,
     ) -> Partitioned:
         """Send each row to the reducer chosen by a stable hash of its key columns.
 
         The hash is fixed and documented (the same in every process, machine and release),
-        so equal keys always reach the same reducer.
+        so equal keys always reach the same reducer. A key hashes to one of ``key_groups``
+        key groups, and each reducer owns a contiguous range of them
+        (:attr:`WorkerSpec.key_group_range`); a processor created with other
+        ``key_groups`` passes ``key_groups=self.spec.key_groups``.
 
         With ``canonical_order`` (the default) the rows are put in the order of their key
         hashes, rows with equal keys in the order ``map`` gave them. When the keys are
@@ -105,10 +130,23 @@ class Partitioned:
         """
         batch = _as_batch(batch)
         keys = [key] if isinstance(key, str) else list(key)
+        if not 1 <= num_reducers <= key_groups:
+            raise ConfigurationError(
+                f"by_hash: num_reducers must be between 1 and key_groups ({key_groups}), "
+                f"got {num_reducers}; create the processor with more key groups"
+            )
+        # Both map a hash h onto [0, n) as floor(h * n / 2**64): when num_reducers divides
+        # key_groups, the reducer of h's key group is the reducer of h itself.
+        exact = key_groups % num_reducers == 0
+        n = num_reducers if exact else key_groups
         if not canonical_order:
-            return cls(batch, _core.hash_partition(batch, keys, num_reducers))
-        order, reducer_indices = _core.hash_partition_ordered(batch, keys, num_reducers)
-        return cls(batch.take(order), reducer_indices)
+            indices = _core.hash_partition(batch, keys, n)
+        else:
+            order, indices = _core.hash_partition_ordered(batch, keys, n)
+            batch = batch.take(order)
+        if not exact:
+            indices = reducer_of_key_groups(indices, num_reducers, key_groups)
+        return cls(batch, indices)
 
     @classmethod
     def to_reducer(cls, batch: pa.RecordBatch | pa.Table, reducer_index: int) -> Partitioned:

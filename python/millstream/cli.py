@@ -98,6 +98,25 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rescale(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from millstream.runner.forkserver import start_fork_server
+
+    start_fork_server()
+    processor = dataclasses.replace(load_processor(args.processor), num_reducers=args.reducers)
+    from millstream.runner.local import RunStopped
+    from millstream.runner.rescale import rescale
+
+    try:
+        summary = rescale(processor, progress=not args.quiet, timeout=args.timeout)
+    except RunStopped as stopped:
+        print("millstream: rescale stopped; run it again to finish it", file=sys.stderr)
+        return 128 + stopped.signum
+    print(summary)
+    return 0
+
+
 def _metrics(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -216,6 +235,19 @@ def main(argv: list[str] | None = None) -> int:
         help="serve Prometheus metrics of every worker at http://<host>:PORT/metrics",
     )
     run.set_defaults(func=_run)
+    rescale = sub.add_parser(
+        "rescale",
+        help="change a stopped processor's number of reducers, losing and repeating no row",
+    )
+    rescale.add_argument(
+        "processor", help="module:attribute or file.py:attribute of a millstream.Processor"
+    )
+    rescale.add_argument(
+        "--reducers", type=int, required=True, help="the number of reducers after the rescale"
+    )
+    rescale.add_argument("--timeout", type=float, default=None, help="give up after seconds")
+    rescale.add_argument("--quiet", action="store_true", help="no progress lines")
+    rescale.set_defaults(func=_rescale)
     metrics = sub.add_parser(
         "metrics",
         help="serve the Prometheus metrics workers write into a directory (Spark executors)",

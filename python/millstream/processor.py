@@ -10,7 +10,7 @@ from typing import Any, Literal
 from millstream.api import Mapper, Reducer, Tuning, WorkerSpec
 from millstream.exceptions import ConfigurationError
 from millstream.inputs.base import Input
-from millstream.ledger import ProcessorInfo
+from millstream.ledger import DEFAULT_KEY_GROUPS, ProcessorInfo
 from millstream.outputs import Output, check_outputs
 from millstream.queue_reducer import QueueReducer
 from millstream.state import Store, open_store, parse_store_url
@@ -55,6 +55,11 @@ class Processor:
             each with its own window, shuffle numbering and records, so a processor may be
             restarted with another ``num_mappers`` (its partitions move between mappers,
             no row is lost or repeated). The input's partition count is fixed for ever.
+        key_groups: Keys hash to this many key groups (fixed when the processor's state is
+            created), each reducer owning a contiguous range of them: the most reducers a
+            rescale (:func:`millstream.rescale`) can give it. Mappers routing with
+            :meth:`~millstream.Partitioned.by_hash` and another value than the default
+            pass ``key_groups=self.spec.key_groups``.
     """
 
     mapper: type[Mapper]
@@ -68,6 +73,7 @@ class Processor:
     delivery: Delivery = "exactly_once"
     outputs: Sequence[Output] = ()
     num_mappers: int = 0
+    key_groups: int = DEFAULT_KEY_GROUPS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outputs", tuple(self.outputs))
@@ -101,6 +107,11 @@ class Processor:
             )
         if not isinstance(self.num_reducers, int) or self.num_reducers < 1:
             raise ConfigurationError(f"num_reducers must be an int >= 1, got {self.num_reducers!r}")
+        if not isinstance(self.key_groups, int) or self.key_groups < self.num_reducers:
+            raise ConfigurationError(
+                f"key_groups ({self.key_groups!r}) must be an int of at least num_reducers "
+                f"({self.num_reducers}): every reducer owns one key group or more"
+            )
         if not isinstance(self.input, Input):
             raise ConfigurationError(
                 "input must have num_partitions and reader(partition), e.g. "
@@ -196,7 +207,9 @@ class Processor:
         job.py:processor`` and ``pkg.job`` when imported from a package.
         """
         fingerprint = f"{self.mapper.__qualname__}->{self.reducer.__qualname__}"
-        return ProcessorInfo(self.num_partitions, self.num_reducers, fingerprint, self.delivery)
+        return ProcessorInfo(
+            self.num_partitions, self.num_reducers, fingerprint, self.delivery, self.key_groups
+        )
 
     @property
     def at_least_once(self) -> bool:
@@ -219,6 +232,7 @@ class Processor:
             self.num_reducers,
             self.guid,
             self.num_partitions,
+            self.key_groups,
         )
 
     def open_store(self) -> Store:

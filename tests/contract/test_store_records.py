@@ -143,7 +143,11 @@ def test_processor_info_refuses_mismatched_restart(store: Store) -> None:
     store.transact(lambda t: check_processor_info(t, info))
     assert store.transact(read_processor_info) == info
     with pytest.raises(ConfigurationError, match="2 partitions, 3 reducers"):
+        store.transact(lambda t: check_processor_info(t, ProcessorInfo(3, 3, "wc")))
+    with pytest.raises(ConfigurationError, match="millstream rescale <job>:processor --reducers 4"):
         store.transact(lambda t: check_processor_info(t, ProcessorInfo(2, 4, "wc")))
+    with pytest.raises(ConfigurationError, match="128 key groups"):
+        store.transact(lambda t: check_processor_info(t, ProcessorInfo(2, 3, "wc", key_groups=64)))
     # A record of the releases whose mappers read one partition each reads the same.
     legacy = (
         b'{"delivery": "exactly_once", "fingerprint": "wc", "num_mappers": 2, "num_reducers": 3}'

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from millstream import _core
 from millstream.ledger import OUTPUT
 from millstream.processor import Delivery
 from millstream.state import decode_int64
@@ -142,6 +143,19 @@ class KeyedSumReducer(ms.Reducer):
         sums = pa.Table.from_batches([batch]).group_by("key").aggregate([("value", "sum")])
         values = pc.cast(sums["value_sum"].combine_chunks(), pa.int64())
         txn.add_many(("sum",), sums["key"].combine_chunks(), values)
+
+
+class KeyGroupSumReducer(KeyedSumReducer):
+    """:class:`KeyedSumReducer` that also counts, under ``("misrouted", reducer)``, the
+    rows whose key is outside its key groups: after a rescale, none may be."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        super().reduce(batch, txn)
+        groups = _core.hash_partition(batch, ["key"], self.spec.key_groups).to_numpy()
+        owned = self.spec.key_group_range
+        outside = int(((groups < owned.start) | (groups >= owned.stop)).sum())
+        if outside:
+            txn.add(("misrouted", self.spec.index), outside)
 
 
 class RowsReducer(ms.Reducer):

@@ -13,6 +13,7 @@ from jobs import (
     KeyedSumMapper,
     KeyedSumReducer,
     PassThroughMapper,
+    RowsReducer,
     expected_sums,
     keyed_processor,
     read_output,
@@ -114,10 +115,13 @@ def test_mismatched_counts_on_existing_store(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError) as caught:
         runner.run(timeout=60)
     message = str(caught.value)
-    assert "2 reducers" in message
-    assert "3 reducers" in message
-    assert "Restart it with the original configuration" in message
+    assert "has 2 reducers but was started with 3" in message
+    assert "millstream rescale <job>:processor --reducers 3" in message
     assert runner.pids() == {}
+    # Other classes on the same store: no rescale helps.
+    other = keyed_processor(data, state, num_reducers=2, reducer=RowsReducer)
+    with pytest.raises(ConfigurationError, match="Restart it with the original configuration"):
+        LocalRunner(other).run(timeout=60)
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ sequential and one sequence of steps (:attr:`Simulation.steps`) always replays t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import shutil
@@ -68,6 +69,8 @@ from millstream.inputs.base import ReadResult
 from millstream.inputs.queue_producer import QueueProducer
 from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import (
+    RescalePlan,
+    check_processor_info,
     freshest_workers,
     list_workers,
     read_mapper_state,
@@ -76,6 +79,7 @@ from millstream.ledger import (
     register_worker,
     unregister_worker,
 )
+from millstream.ledger.rescale import begin_rescale, finish_rescale
 from millstream.ledger.subspaces import SYSTEM
 from millstream.processor import Processor
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
@@ -842,6 +846,8 @@ class Oracle:
         self.outputs: list[list[Group]] = [[] for _ in totals]
         self.end = [0 for _ in totals]
         self.recuts: list[str] = []
+        self.rescaled_at = [0 for _ in totals]
+        """Per mapper, the shuffle index the last rescale handed over at."""
         if not preaggregate:
             # Row by row, the numbering does not depend on the batches: every row is a
             # boundary.
@@ -868,14 +874,35 @@ class Oracle:
             )
 
     def committed_effects(self, states: list[tuple[int, ...]]) -> set[tuple[int, int, int]]:
-        """Effects implied by every reducer's committed indices: exactly those rows."""
+        """Effects implied by every reducer's committed indices: exactly those rows (and
+        every row before the last rescale's cut, which the reducers then had committed)."""
         out = set()
+        for m, base in enumerate(self.rescaled_at):
+            out.update(self.effects_before(m, base))
         for r, committed in enumerate(states):
             for m, last in enumerate(committed):
-                for red, items in self.outputs[m][: last + 1]:
+                for red, items in self.outputs[m][self.rescaled_at[m] : last + 1]:
                     if red == r:
                         out.update((m, row, copy) for row, copy in items)
         return out
+
+    def rescale(self, num_reducers: int, persisted: list[tuple[int, int]]) -> None:
+        """The reducers are now ``num_reducers``, every mapper's rows after its persisted
+        ``(input, shuffle)`` point routed by the new count (and cut afresh)."""
+        self.num_reducers = num_reducers
+        for m, (cut, shuffle) in enumerate(persisted):
+            assert self.shuffle_at[m].get(cut) == shuffle, (
+                f"mapper {m} persisted ({cut}, {shuffle}) at the rescale, not a batch boundary"
+            )
+            del self.outputs[m][shuffle:]
+            self.rescaled_at[m] = shuffle
+            self.cuts[m] = {b: e for b, e in self.cuts[m].items() if e <= cut}
+            self.shuffle_at[m] = {i: s for i, s in self.shuffle_at[m].items() if i <= cut}
+            self.end[m] = cut
+            if not self.preaggregate:
+                for row in range(cut, self.totals[m]):
+                    self.outputs[m].extend(map_rows(m, [row], num_reducers, False))
+                    self.shuffle_at[m][row + 1] = len(self.outputs[m])
 
     def effects_before(self, m: int, shuffle: int) -> list[tuple[int, int, int]]:
         """Every effect of mapper ``m``'s shuffle rows below ``shuffle``."""
@@ -1009,8 +1036,13 @@ class Simulation:
     # -- lifecycle ------------------------------------------------------------------
 
     def start_mapper(self, m: int, address: str | None = None) -> MapperInstance:
-        """A new mapper instance (new GUID) serving at ``address`` (default: a new host)."""
-        if address is None:
+        """A new mapper instance (new GUID) serving at ``address`` (default: a new host).
+
+        A port a live instance still listens on cannot be bound (the workers' servers do not
+        share ports): the new instance then listens on a new host, as a restarted worker
+        whose port is taken binds another.
+        """
+        if address is None or any(i.address == address for insts in self.mappers for i in insts):
             self.hosts += 1
             address = f"host{self.hosts}:mapper{m}"
         worker = MapperWorker(
@@ -1427,6 +1459,76 @@ class Simulation:
         for p in self.partitions:
             p.unavailable = False
 
+    def reassign_partitions(self, num_mappers: int) -> None:
+        """The processor restarts with ``num_mappers`` mapper workers: every partition's
+        instances die and each partition starts again in the worker that now reads it (a
+        new host per worker). Its records are the partition's, whichever worker reads it."""
+        for m in range(self.M):
+            for inst in list(self.mappers[m]):
+                self._kill(inst)
+        self.hosts += 1
+        for m in range(self.M):
+            self.start_mapper(m, f"host{self.hosts}-worker{m % num_mappers}:mapper{m}")
+
+    def rescale(self, num_reducers: int) -> None:
+        """Stop everything, rescale to ``num_reducers`` (:mod:`millstream.ledger.rescale`):
+        fresh workers of the old shape commit every row up to the cut, faults off, then
+        one transaction hands over and workers of the new shape start."""
+        if self.config.queue or self.config.at_least_once or num_reducers == self.R:
+            return
+        self._faults_off()
+        self.net.late.clear()
+        for m in range(self.M):
+            for inst in list(self.mappers[m]):
+                self._kill(inst)
+        self.reducers = [[] for _ in range(self.R)]
+
+        def begin(txn: Any) -> RescalePlan:
+            check_processor_info(txn, self.processor.info)  # recorded as a runner does
+            return begin_rescale(txn, self.processor.info, num_reducers)
+
+        plan = self.raw.transact(begin)
+        self.note(f"rescale to {num_reducers} reducers: cut {plan.cut}")
+        for m in range(self.M):
+            self.start_mapper(m)
+        for r in range(self.R):
+            self.start_reducer(r)
+        for _ in range(200):
+            for m in range(self.M):
+                for inst in list(self.mappers[m]):
+                    self.ingest_instance(inst)
+            self.reduce_all()
+            for m in range(self.M):
+                for inst in list(self.mappers[m]):
+                    self.trim_instance(inst)
+            self.check()
+            if self._all_mappers_drained():
+                break
+        assert self._all_mappers_drained(), "the old reducers did not drain to the cut"
+        for insts in self.mappers:
+            for inst in insts:
+                inst.worker.mark_drained()
+        self.raw.transact(lambda txn: finish_rescale(txn, plan))
+        _, mstates, _ = self.read_store()
+        for m in range(self.M):
+            for inst in list(self.mappers[m]):
+                self._kill(inst)
+        self.oracle.rescale(
+            num_reducers,
+            [(ps.input_unread_row_index, ps.shuffle_unread_row_index) for ps in mstates],
+        )
+        self.processor = dataclasses.replace(self.processor, num_reducers=num_reducers)
+        self.R = num_reducers
+        self.max_committed = [
+            [ps.shuffle_unread_row_index - 1 for ps in mstates] for _ in range(self.R)
+        ]
+        self.reducers = [[] for _ in range(self.R)]
+        for m in range(self.M):
+            self.start_mapper(m)
+        for r in range(self.R):
+            self.start_reducer(r)
+        self.events["rescaled"] += 1
+
     def trimmed_read_race(self, m: int, grow: int, a_ingests: int) -> None:
         """A duplicate mapper reads input rows while the other instance trims them.
 
@@ -1622,6 +1724,10 @@ class Simulation:
             self.time_passes(args[0])
         elif kind == "spill":
             self.spill(args[0] % self.M, args[1])
+        elif kind == "rescale":
+            self.rescale(args[0])
+        elif kind == "reassign_partitions":
+            self.reassign_partitions(max(1, min(self.M, args[0])))
         else:
             raise ValueError(f"unknown action {action!r}")
 
@@ -1630,7 +1736,7 @@ class Simulation:
     def read_emitted(self) -> Counter[tuple[int, int, int]]:
         """How often each effect was appended to the output queue."""
         found: Counter[tuple[int, int, int]] = Counter()
-        for p in range(self.R):
+        for p in range(self.emitted.num_partitions):
             at, end = 0, self.emitted.end_row_index(p)
             while at < end:
                 batch = self.emitted.read(p, at, end - at).batch

@@ -93,3 +93,106 @@ def test_a_forged_get_rows_makes_the_mapper_restart_and_loses_nothing() -> None:
     assert any(line.startswith("m0@") and "trim: split brain" in line for line in after)
     assert any("ingestion starts at" in line for line in after)
     assert "drained" in outcome.trace
+
+
+def test_a_restarted_instance_never_listens_on_a_port_a_live_one_holds() -> None:
+    # Found by the protocol simulation: nested restarts started two live instances of
+    # mapper 1 on one address, then another mapper took that address while the older of
+    # the two still beat with it in discovery; reducers were refused there for ever. A
+    # port a live instance holds cannot be bound again, so the newer instance listens on
+    # a new host and the run drains.
+    config = SimConfig(
+        totals=(19, 24),
+        num_reducers=2,
+        batch_rows=4,
+        commit_max_rows=6,
+        acknowledge_commits=False,
+        emit=True,
+        queue=True,
+    )
+    steps = [
+        ("commit_fault", "conflict", 1),
+        ("restart_reducer", 0, True),
+        ("restart_mapper", 0, 0),
+        ("deliver_late",),
+        ("restart_mid_stream", 0, 0, 2),
+        ("deliver_late",),
+        ("restart_mid_stream", 0, 0, 3),
+        ("reducer_race", 0, 1),
+        ("split_brain_race", 0, True, 6, None, 3),
+        ("deliver_late",),
+        ("deliver_late",),
+        ("deliver_late",),
+        ("forge", 0, 0, 0, 1),
+        ("commit_fault", "conflict", 1),
+        ("deliver_late",),
+        ("restart_mid_stream", 0, 0, 2),
+        ("deliver_late",),
+        ("deliver_late",),
+        ("deliver_late",),
+        ("store_latency", 0, ()),
+        ("deliver_late",),
+        ("forge", 0, 0, 0, 5),
+        ("split_brain_race", 0, True, 3, None, 1),
+        ("address_reuse", 1, 1, 0),
+        ("restart_mapper", 0, 0),
+        ("deliver_late",),
+        ("deliver_late",),
+        ("reducer_race", 0, 1),
+        ("append", 0, 4, (), True),
+        ("deliver_late",),
+        ("store_down", False),
+        ("deliver_late",),
+        ("restart_mid_stream", 1, 8, 1),
+        ("split_brain_race", 0, False, 6, 1, 1),
+        ("crash_mapper", 1, 0),
+        ("restart_mid_stream", 0, 8, 3),
+        ("restart_mapper", 0, 0),
+        ("reduce", 1, 1, (), (("spill", 0, 0), ("crash_mapper", 0, 0)), (), True),
+        ("crash_mapper", 0, 0),
+        ("store_latency", 4, (("restart_mapper", 1, 0),)),
+        ("mapper_unreachable", 0, True),
+        ("heartbeat", 1, 1),
+        ("split_brain_race", 1, False, 4, 2, 1),
+        ("restart_mid_stream", 1, 3, 3),
+        ("address_reuse", 0, 1, 1),
+        ("store_down", False),
+        ("store_latency", 4, (("restart_mapper", 1, 1), ("spill", 1, 1))),
+        ("restart_mid_stream", 1, 2, 3),
+        ("address_reuse", 1, 1, 1),
+    ]
+    outcome = replay(config, steps)
+    assert outcome.trace[-1] == "drained"
+
+
+@pytest.mark.parametrize("preaggregate", [False, True])
+def test_rescaling_and_moving_partitions_mid_stream_drain_exactly_once(preaggregate: bool) -> None:
+    config = SimConfig(
+        totals=(12, 17),
+        num_reducers=2,
+        batch_rows=3,
+        commit_max_rows=4,
+        preaggregate=preaggregate,
+    )
+    steps = [
+        ("ingest", 0, 0),
+        ("ingest", 1, 0),
+        ("reduce", 0, 0),
+        ("ingest", 0, 0),
+        ("trim", 0, 0),
+        ("rescale", 3),
+        ("produce", 0, 5),
+        ("ingest", 0, 0),
+        ("ingest", 1, 0),
+        ("reduce", 2, 0),
+        ("reduce", 1, 0),
+        ("reassign_partitions", 1),
+        ("ingest", 1, 0),
+        ("reduce", 0, 0),
+        ("rescale", 1),
+        ("ingest", 0, 0),
+        ("reduce", 0, 0),
+    ]
+    outcome = replay(config, steps)
+    assert sum("rescale to" in line for line in outcome.trace) == 2
+    assert outcome.trace[-1] == "drained"

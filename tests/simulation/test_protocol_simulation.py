@@ -302,3 +302,24 @@ def test_profile_is_known() -> None:
 @pytest.fixture(autouse=True)
 def _quiet_logs(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("CRITICAL", logger="millstream")
+
+
+class RescaleMachine(ProtocolMachine):
+    """The same steps and faults, and the processor's shape changing mid-stream: reducers
+    rescaled to another count (:mod:`millstream.ledger.rescale`: the old reducers commit up
+    to the cut, one transaction hands over, rows after the cut go to their new owners) and
+    partitions moved to other mapper workers, with the same invariants throughout."""
+
+    @rule(num_reducers=st.integers(1, 3))
+    def rescale(self, num_reducers: int) -> None:
+        self._step("rescale", num_reducers)
+
+    @rule(num_mappers=st.integers(1, MAPPERS))
+    def reassign_partitions(self, num_mappers: int) -> None:
+        self._step("reassign_partitions", num_mappers)
+
+
+RescaleMachine.TestCase.settings = settings(
+    SETTINGS, max_examples=SETTINGS.max_examples // 6 if PROFILE == "ci" else SETTINGS.max_examples
+)
+TestRescale = RescaleMachine.TestCase

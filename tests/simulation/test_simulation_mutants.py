@@ -28,6 +28,7 @@ from millstream.ledger import (
     write_numbering,
     write_reducer_state,
 )
+from millstream.ledger import rescale as rescale_module
 from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import GetRowsCall
 from millstream.state import StoreTransaction, pack, unpack
@@ -39,6 +40,7 @@ from tests.simulation.test_protocol_simulation import (
     PROFILE,
     AtLeastOnceMachine,
     ProtocolMachine,
+    RescaleMachine,
 )
 
 MUTANT_SETTINGS = settings(
@@ -380,6 +382,18 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
 }
 
 
+def _cut_at_persisted_state(txn: StoreTransaction, partition: int) -> int:
+    """Rescale mutant: the cut is each partition's persisted state, not where its batches
+    were recorded up to: rows in flight that some old reducers committed are handed to new
+    owners, which apply them again."""
+    return read_mapper_state(txn, partition).input_unread_row_index
+
+
+RESCALE_MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
+    "rescale_cuts_at_persisted_state": (rescale_module, "recorded_end", _cut_at_persisted_state),
+}
+
+
 def _keep_numbering(self: MapperWorker, txn: StoreTransaction) -> Any:
     """At-least-once mutant (n): a new instance takes the numbering but numbers its rows
     from the persisted state, below what reducers committed from the instance before."""
@@ -404,12 +418,13 @@ AT_LEAST_ONCE_MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
 @pytest.mark.parametrize(
     ("mutant", "machine"),
     [(name, ProtocolMachine) for name in sorted(MUTANTS)]
-    + [(name, AtLeastOnceMachine) for name in sorted(AT_LEAST_ONCE_MUTANTS)],
+    + [(name, AtLeastOnceMachine) for name in sorted(AT_LEAST_ONCE_MUTANTS)]
+    + [(name, RescaleMachine) for name in sorted(RESCALE_MUTANTS)],
 )
 def test_simulation_catches_mutant(
     mutant: str, machine: type[ProtocolMachine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cls, name, replacement = {**MUTANTS, **AT_LEAST_ONCE_MUTANTS}[mutant]
+    cls, name, replacement = {**MUTANTS, **AT_LEAST_ONCE_MUTANTS, **RESCALE_MUTANTS}[mutant]
     monkeypatch.setattr(cls, name, replacement)
     # Shrinking may tell several distinct failures apart: they come as an ExceptionGroup.
     with pytest.raises((AssertionError, ExceptionGroup)) as caught:

@@ -11,6 +11,8 @@ through these modules, never through each other:
 - :mod:`.spill`: rows spilled for reducers that fell behind (straggler spill);
 - :mod:`.discovery`: live workers' entries and their published metrics;
 - :mod:`.processor`: the processor's counts, the runner's checks and the run totals;
+- :mod:`.rescale`: a rescale's cut and the transaction that hands the key groups to a
+  new number of reducers;
 - :mod:`.status`: one snapshot of all of it, for ``millstream status`` and progress.
 """
 
@@ -38,11 +40,14 @@ from millstream.ledger.mapper import (
     write_numbering,
 )
 from millstream.ledger.processor import (
+    DEFAULT_KEY_GROUPS,
     ProcessorInfo,
+    RescalePlan,
     RunSummary,
     check_processor_info,
     prepare_store,
     read_processor_info,
+    read_rescale,
     summarize,
     write_processor_info,
 )
@@ -58,6 +63,7 @@ from millstream.ledger.status import read_status
 from millstream.ledger.subspaces import OUTPUT, QUEUES, ROLES, SINKS, SYSTEM
 
 __all__ = [
+    "DEFAULT_KEY_GROUPS",
     "OUTPUT",
     "QUEUES",
     "ROLES",
@@ -67,6 +73,7 @@ __all__ = [
     "Metric",
     "ProcessorInfo",
     "ReducerState",
+    "RescalePlan",
     "RunSummary",
     "WorkerInfo",
     "check_processor_info",
@@ -83,6 +90,7 @@ __all__ = [
     "read_numbering",
     "read_processor_info",
     "read_reducer_state",
+    "read_rescale",
     "read_status",
     "read_statuses",
     "reduced_key",

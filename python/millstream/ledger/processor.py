@@ -4,7 +4,7 @@ starting workers, and the totals of its runs (what the local and Spark runners r
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from millstream.exceptions import ConfigurationError
 from millstream.ledger.mapper import drained_key, mapped_key, read_mapper_state
@@ -12,6 +12,10 @@ from millstream.ledger.reducer import reduced_key
 from millstream.ledger.subspaces import SYSTEM, bad_record
 from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import decode_int64
+
+DEFAULT_KEY_GROUPS = 128
+"""Key groups of a processor that does not choose its own: the most reducers it can be
+rescaled to."""
 
 
 @dataclass(frozen=True)
@@ -27,15 +31,20 @@ class ProcessorInfo:
             mapper and reducer class names); free-form.
         delivery: ``"exactly_once"`` or ``"at_least_once"`` (the mappers of the two modes
             keep different records, so a processor keeps its mode).
+        key_groups: Key groups, fixed for ever; ``num_reducers`` changes only through a
+            rescale, to at most this many.
     """
 
     num_partitions: int
     num_reducers: int
     fingerprint: str = ""
     delivery: str = "exactly_once"
+    key_groups: int = DEFAULT_KEY_GROUPS
 
 
 _PROCESSOR_KEY = (*SYSTEM, "processor")
+RESCALE_KEY = (*SYSTEM, "rescale")
+"""Where an unfinished rescale is recorded (:mod:`millstream.ledger.rescale`)."""
 
 
 def write_processor_info(txn: StoreTransaction, info: ProcessorInfo) -> None:
@@ -57,13 +66,41 @@ def read_processor_info(txn: StoreTransaction) -> ProcessorInfo | None:
         raise bad_record("processor metadata", raw, exc) from exc
 
 
+@dataclass(frozen=True)
+class RescalePlan:
+    """An unfinished rescale.
+
+    Attributes:
+        num_reducers: The reducer count after the rescale.
+        cut: Per partition, the input row index the old reducers commit up to.
+    """
+
+    num_reducers: int
+    cut: tuple[int, ...]
+
+
+def read_rescale(txn: StoreTransaction) -> RescalePlan | None:
+    """The unfinished rescale, if any."""
+    raw = txn.get(RESCALE_KEY)
+    if raw is None:
+        return None
+    try:
+        fields = json.loads(raw)
+        return RescalePlan(int(fields["num_reducers"]), tuple(int(c) for c in fields["cut"]))
+    except Exception as exc:
+        raise bad_record("rescale plan", raw, exc) from exc
+
+
 def _same_classes(stored: ProcessorInfo, info: ProcessorInfo) -> bool:
     """Whether a fingerprint of earlier releases (classes with their module, such as
     ``jobs.Sum->jobs.Store``) names the classes of ``info`` (``Sum->Store``)."""
-    if (stored.num_partitions, stored.num_reducers, stored.delivery) != (
+    if stored == info:
+        return True
+    if (stored.num_partitions, stored.num_reducers, stored.delivery, stored.key_groups) != (
         info.num_partitions,
         info.num_reducers,
         info.delivery,
+        info.key_groups,
     ):
         return False
     old, new = stored.fingerprint.split("->"), info.fingerprint.split("->")
@@ -82,15 +119,25 @@ def check_processor_info(txn: StoreTransaction, info: ProcessorInfo) -> None:
     if stored is None:
         write_processor_info(txn, info)
         return
-    if stored != info and not _same_classes(stored, info):
+    if _same_classes(stored, info):
+        return
+    if _same_classes(replace(stored, num_reducers=info.num_reducers), info):
         raise ConfigurationError(
-            f"this store prefix holds a processor with {stored.num_partitions} partitions, "
-            f"{stored.num_reducers} reducers, fingerprint {stored.fingerprint!r} and "
-            f"delivery {stored.delivery!r}, but it was started with {info.num_partitions} "
-            f"partitions, {info.num_reducers} reducers, fingerprint {info.fingerprint!r} and "
-            f"delivery {info.delivery!r}. Restart it with the original configuration, "
-            "or use a new store prefix (or file) for the new one."
+            f"this processor has {stored.num_reducers} reducers but was started with "
+            f"{info.num_reducers}. Change its number of reducers with a rescale, which "
+            "commits the rows in flight and hands the key groups to the new reducers: "
+            f"`millstream rescale <job>:processor --reducers {info.num_reducers}` (or "
+            "millstream.rescale(processor)), then start it again."
         )
+    raise ConfigurationError(
+        f"this store prefix holds a processor with {stored.num_partitions} partitions, "
+        f"{stored.num_reducers} reducers, {stored.key_groups} key groups, fingerprint "
+        f"{stored.fingerprint!r} and delivery {stored.delivery!r}, but it was started with "
+        f"{info.num_partitions} partitions, {info.num_reducers} reducers, {info.key_groups} "
+        f"key groups, fingerprint {info.fingerprint!r} and delivery {info.delivery!r}. "
+        "Restart it with the original configuration, or use a new store prefix (or file) "
+        "for the new one."
+    )
 
 
 @dataclass(frozen=True)
@@ -143,15 +190,24 @@ class RunSummary:
         )
 
 
-def prepare_store(store: Store, info: ProcessorInfo) -> None:
+def prepare_store(store: Store, info: ProcessorInfo, *, rescaling: bool = False) -> None:
     """Checks and resets a runner does before starting workers.
 
-    Refuses a store holding another processor's state, and clears the drained markers of
-    an earlier run so that no reducer stops before this run's mappers have drained.
+    Refuses a store holding another processor's state, or an unfinished rescale (unless
+    ``rescaling``: the rescale's own run), and clears the drained markers of an earlier
+    run so that no reducer stops before this run's mappers have drained.
     """
 
     def prepare(txn: StoreTransaction) -> None:
         check_processor_info(txn, info)
+        plan = read_rescale(txn)
+        if plan is not None and not rescaling:
+            raise ConfigurationError(
+                f"a rescale of this processor to {plan.num_reducers} reducers is unfinished "
+                f"(it was stopped): finish it with `millstream rescale <job>:processor "
+                f"--reducers {plan.num_reducers}` (or millstream.rescale), then start the "
+                "processor with that many reducers"
+            )
         for m in range(info.num_partitions):
             txn.clear(drained_key(m))
 

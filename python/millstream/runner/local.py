@@ -271,6 +271,8 @@ class LocalRunner:
     metrics_port: int | None = None
     label: bool = False
     """Name the processor in progress lines (when several run side by side)."""
+    rescaling: bool = False
+    """The run of a rescale (:func:`millstream.rescale`): it drains to the rescale's cut."""
     restarts: int = 0
     restarts_by_worker: dict[tuple[str, int], int] = field(default_factory=dict)
     metrics: MetricsServer | None = None
@@ -330,7 +332,7 @@ class LocalRunner:
         start_fork_server(self.processor)
         store = self.processor.open_store()
         try:
-            prepare_store(store, self.processor.info)
+            prepare_store(store, self.processor.info, rescaling=self.rescaling)
             self._before = summarize(store, self.processor.info, 0, 0.0)
         finally:
             store.close()

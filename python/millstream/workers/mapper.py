@@ -42,6 +42,7 @@ from millstream.ledger import (
     read_mapper_state,
     read_numbering,
     read_reducer_state,
+    read_rescale,
     write_mapper_state,
     write_numbering,
 )
@@ -126,6 +127,9 @@ class MapperWorker:
         """When each reducer last called GetRows (at both ends of a held call)."""
         self._entry_bytes: collections.deque[int] = collections.deque(maxlen=8)
         """Window bytes of the last few mapped batches: the room the next one needs."""
+        self.cut: int | None = None
+        """During a rescale, the input row this partition's input ends at for this run
+        (:mod:`millstream.ledger.rescale`)."""
 
     # -- ingestion (thesis 4.3.3) -------------------------------------------------------
 
@@ -140,6 +144,8 @@ class MapperWorker:
         with self.store.read() as txn:
             if not self.processor.at_least_once:
                 self.persisted = read_mapper_state(txn, self.index)
+            plan = read_rescale(txn)
+            self.cut = None if plan is None else plan.cut[self.index]
             spilled = [
                 spilled_through(txn, r, self.index) for r in range(self.processor.num_reducers)
             ]
@@ -235,14 +241,23 @@ class MapperWorker:
         """
         window = self._require_window()
         begin = window.snapshot().input_end_row_index
+        if self.cut is not None and begin >= self.cut:
+            self.end_of_input = True  # a rescale's run: the input ends at its cut
+            self._notify_rows()
+            return False
+        hint = begin + self.tuning.batch_rows
         try:
-            result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
+            result = self.reader.read(
+                begin, hint if self.cut is None else min(hint, self.cut), self._token
+            )
         except InputError:
             self._check_persisted()  # another instance may have trimmed what this one reads
             raise
         self._check_persisted()
         batch = result.batch
         rows = 0 if batch is None else batch.num_rows
+        if self.cut is not None and begin + rows > self.cut:  # a reader that read past
+            rows = self.cut - begin
         # Told to gathering reducers only once this batch's rows are in the window (below),
         # or a reducer that stops gathering would leave them for another commit.
         behind = rows >= self.tuning.batch_rows and not result.end_of_input
@@ -255,7 +270,7 @@ class MapperWorker:
                 self._token = result.continuation_token
             return False
         end = self.plan_batch(begin, begin + rows)
-        if end != begin + rows:
+        if end != begin + batch.num_rows:
             result = self._read_cut(begin, end)
             batch = result.batch
             assert batch is not None
@@ -291,7 +306,7 @@ class MapperWorker:
                 f"[{begin}, {end}): {exc}"
             ) from exc
         self._token = result.continuation_token
-        self.end_of_input = result.end_of_input
+        self.end_of_input = result.end_of_input or (self.cut is not None and end >= self.cut)
         self.rows_read += rows
         self.rows_shuffled += mapped.batch.num_rows
         self.batches += 1
@@ -442,7 +457,12 @@ class MapperWorker:
         ``reducer_index`` after ``after_row_index``: that reducer has everything."""
         ended = self.end_of_input  # read first: it turns true only after the last push
         window = self.window
-        if not ended or window is None or not 0 <= reducer_index < self.processor.num_reducers:
+        if (
+            not ended
+            or self.cut is not None
+            or window is None
+            or not 0 <= reducer_index < self.processor.num_reducers
+        ):
             return False
         return window.bucket_len(reducer_index, after_row_index) == 0
 

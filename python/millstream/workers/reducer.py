@@ -37,6 +37,7 @@ from millstream.ledger import (
     list_workers,
     read_numbering,
     read_reducer_state,
+    read_rescale,
     reduced_key,
     remove_stale_workers,
     write_reducer_state,
@@ -118,6 +119,8 @@ class ReducerWorker:
         superseded."""
         self.last_state: ReducerState | None = None
         self.all_drained = False
+        self.rescaling = False
+        """A rescale's run: the mappers' inputs end at its cut, which is not their end."""
         self.errors = 0
         self.last_error = ""
         self.started_at = clock.now()
@@ -249,7 +252,7 @@ class ReducerWorker:
         """
         state, mappers, drained = self._read_view()
         self.last_state = state
-        self.user.drained_mappers = frozenset(drained)
+        self.user.drained_mappers = frozenset() if self.rescaling else frozenset(drained)
         self.all_drained = len(drained) == self.processor.num_partitions and not self._spill_pending
         live = {
             m: info
@@ -855,6 +858,9 @@ class ReducerWorker:
         cadence = CommitCadence(t)
         last_commit = self.clock.now() - t.commit_interval_seconds
         finish_publishing(self.processor.outputs)
+        with self.store.read() as txn:
+            # A rescale's run ends at its cut: not the processor's end, so no drain.
+            self.rescaling = read_rescale(txn) is not None
         while not stop.is_set():
             wait = cadence.interval - (self.clock.now() - last_commit)
             while wait > 0 and not self.capped and not self.gathering and not stop.is_set():
@@ -874,7 +880,7 @@ class ReducerWorker:
                 self._note_error("store", exc)
                 self.clock.sleep(backoff.next(), stop)
                 continue
-            if self.all_drained and self.finish():
+            if self.all_drained and (self.rescaling or self.finish()):
                 return
             if committed:
                 backoff.reset()

@@ -1,0 +1,189 @@
+"""Rescaling reducers: change a processor's ``num_reducers`` without losing or repeating a
+row (:func:`rescale`, ``millstream rescale``).
+
+The old reducers first commit every row up to a cut (where the mappers last recorded a
+batch: no row after it ever reached a reducer), in a run of the old shape whose inputs end
+there; one transaction then hands the key groups to the new reducers
+(:mod:`millstream.ledger.rescale`). Rows after the cut go to their new owners when the
+processor starts again. A rescale that is stopped (or killed) resumes where it was when
+run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from millstream.exceptions import ConfigurationError
+from millstream.ledger import (
+    ProcessorInfo,
+    WorkerInfo,
+    check_processor_info,
+    list_workers,
+    read_mapper_state,
+    read_processor_info,
+    read_rescale,
+)
+from millstream.ledger.rescale import begin_rescale, finish_rescale
+from millstream.processor import Processor
+from millstream.queue_reducer import QueueReducer
+from millstream.runner.local import LocalRunner
+from millstream.state import Store, StoreTransaction
+from millstream.windows.spec import UsesWindows
+
+
+@dataclass(frozen=True)
+class RescaleSummary:
+    """What a rescale did.
+
+    Attributes:
+        old_reducers: Reducers before.
+        new_reducers: Reducers after.
+        rows_drained: Input rows the old reducers committed to reach the cut.
+        seconds: Wall time, from the start to the transaction that handed over.
+        drain_seconds: Of which the old shape's run to the cut.
+    """
+
+    old_reducers: int
+    new_reducers: int
+    rows_drained: int
+    seconds: float
+    drain_seconds: float
+
+    def __str__(self) -> str:
+        if self.old_reducers == self.new_reducers:
+            return f"already {self.new_reducers} reducers: nothing to rescale"
+        return (
+            f"rescaled from {self.old_reducers} to {self.new_reducers} reducers in "
+            f"{self.seconds:.2f} s ({self.rows_drained:,} input rows committed by the old "
+            f"reducers up to the cut in {self.drain_seconds:.2f} s)"
+        )
+
+
+def rescale(
+    processor: Processor,
+    *,
+    progress: bool = False,
+    timeout: float | None = None,
+    out: TextIO = sys.stderr,
+) -> RescaleSummary:
+    """Give a stopped processor ``processor.num_reducers`` reducers.
+
+    ``processor`` is the job as it will run after the rescale (its ``num_reducers`` the
+    new count); its store holds the state of the old count. No worker of the processor may
+    be running. Start the processor again afterwards, as usual.
+
+    Args:
+        processor: The processor with its new ``num_reducers``.
+        progress: Print progress lines to ``out`` while the old reducers drain.
+        timeout: Give up on the drain after this many seconds (a rerun resumes).
+        out: Where progress goes.
+
+    Raises:
+        ConfigurationError: Workers of the processor are alive, the store holds no or
+            another processor, the new count exceeds its key groups, or its reducer keeps
+            state a rescale cannot move (persistent-queue and window reducers).
+        TimeoutError: The drain did not finish within ``timeout``.
+    """
+    started = time.monotonic()
+    _check_movable(processor)
+    store = processor.open_store()
+    try:
+        _check_stopped(store, processor)
+        info, cut, before = store.transact(lambda txn: _begin(txn, processor), idempotent=True)
+    finally:
+        store.close()
+    if info.num_reducers == processor.num_reducers:
+        return RescaleSummary(info.num_reducers, info.num_reducers, 0, 0.0, 0.0)
+    if progress:
+        print(
+            f"millstream: rescaling {processor.name} from {info.num_reducers} to "
+            f"{processor.num_reducers} reducers: the old reducers commit "
+            f"{sum(cut) - before:,} input rows up to the cut",
+            file=out,
+        )
+    old = dataclasses.replace(processor, num_reducers=info.num_reducers)
+    drain_started = time.monotonic()
+    LocalRunner(old, progress=progress, out=out, rescaling=True).run(timeout)
+    drain_seconds = time.monotonic() - drain_started
+    store = processor.open_store()
+    try:
+        plan = store.transact(read_rescale)
+        if plan is not None:  # idempotent: it checks the cut and rewrites the same records
+            store.transact(lambda txn: finish_rescale(txn, plan), idempotent=True)
+    finally:
+        store.close()
+    summary = RescaleSummary(
+        info.num_reducers,
+        processor.num_reducers,
+        sum(cut) - before,
+        time.monotonic() - started,
+        drain_seconds,
+    )
+    if progress:
+        print(f"millstream: {summary}", file=out)
+    return summary
+
+
+def _check_movable(processor: Processor) -> None:
+    """Refuse reducers whose state waits for rows after the cut or lives per reducer."""
+    if issubclass(processor.reducer, QueueReducer) or issubclass(processor.reducer, UsesWindows):
+        raise ConfigurationError(
+            f"{processor.reducer.__name__} cannot be rescaled: it keeps rows pending (or "
+            "window partials) per reducer until rows after the cut arrive, and a rescale "
+            "commits every row before the cut with the old reducers first. Rescale "
+            "reducers whose state is addressed by key (Transaction.add_many, set_many)"
+        )
+
+
+def _check_stopped(store: Store, processor: Processor) -> None:
+    """Refuse while any worker of the processor beats (its entry's beat counter moves
+    within two heartbeat periods; clocks are never compared)."""
+
+    def entries() -> dict[tuple[str, str], WorkerInfo]:
+        with store.read() as txn:
+            return {
+                (w.role, w.guid): w
+                for role in ("mapper", "reducer")
+                for w in list_workers(txn, role)
+            }
+
+    first = entries()
+    if not first:
+        return
+    time.sleep(2.5 * processor.tuning.heartbeat_seconds)
+    alive = sorted(
+        f"{w.role} {w.index} (pid {w.pid} on {w.host})"
+        for key, w in entries().items()
+        if key not in first or w.beats != first[key].beats
+    )
+    if alive:
+        raise ConfigurationError(
+            "workers of this processor are running: "
+            + ", ".join(alive)
+            + ". Stop the processor (Ctrl-C, or cancel its Spark job) before rescaling it"
+        )
+
+
+def _begin(
+    txn: StoreTransaction, processor: Processor
+) -> tuple[ProcessorInfo, tuple[int, ...], int]:
+    """Record the rescale (or find it recorded): the stored processor, the cut and the
+    input rows persisted before the drain."""
+    info = read_processor_info(txn)
+    if info is None:
+        raise ConfigurationError(
+            f"the store holds no state of processor {processor.name!r} to rescale: start it "
+            f"with num_reducers={processor.num_reducers} instead"
+        )
+    check_processor_info(txn, dataclasses.replace(processor.info, num_reducers=info.num_reducers))
+    if info.num_reducers == processor.num_reducers and read_rescale(txn) is None:
+        return info, (), 0
+    plan = begin_rescale(txn, info, processor.num_reducers)
+    before = sum(
+        read_mapper_state(txn, p).input_unread_row_index for p in range(info.num_partitions)
+    )
+    return info, plan.cut, before
