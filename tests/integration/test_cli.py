@@ -38,14 +38,14 @@ def test_run_then_status(tmp_path: Path) -> None:
     run = _millstream("run", "cli_job:processor", "--timeout", "150", env=env)
     assert run.returncode == 0, run.stderr
     assert "drained: 30,000 rows read" in run.stdout
-    assert "running keyed: 2 mappers, 2 reducers" in run.stderr
+    assert "running keyed: 2 mappers over 2 partitions, 2 reducers" in run.stderr
     processor = keyed_processor(data, state)
     assert read_output(processor, "sum") == expected_sums(data)
 
     status = _millstream("status", f"sqlite:///{state}", "--prefix", "keyed", env=env)
     assert status.returncode == 0, status.stderr
     out = status.stdout
-    assert "processor keyed: 2 mappers, 2 reducers" in out
+    assert "processor keyed: 2 input partitions, 2 reducers" in out
     assert "window rows" in out
     assert "committed row indices" in out
     store = processor.open_store()

@@ -28,7 +28,7 @@ def test_keyed_sum_example_from_the_command_line(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert f"drained: {rows:,} rows read" in run.stdout
-    assert "running keyed_sum: 2 mappers, 2 reducers" in run.stderr
+    assert "running keyed_sum: 2 mappers over 2 partitions, 2 reducers" in run.stderr
 
     data = tmp_path / f"input-{rows}-2"
     table = pq.ParquetDataset(sorted(str(p) for p in data.glob("*/*.parquet"))).read()

@@ -163,8 +163,7 @@ def test_rescaling_2_to_3_to_1_reducers_mid_stream_under_kill_9_is_exact(tmp_pat
     first = _cli_rescale(data, state, 1, map_seconds=2.0)
     while _stored(one)[1] is None:  # until it recorded its cut
         assert first.poll() is None, first.communicate()
-        time.sleep(0.05)
-    time.sleep(0.5)
+        time.sleep(0.02)
     os.killpg(first.pid, signal.SIGKILL)
     first.communicate()
     _, plan = _stored(one)

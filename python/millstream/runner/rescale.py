@@ -45,6 +45,7 @@ class RescaleSummary:
         rows_drained: Input rows the old reducers committed to reach the cut.
         seconds: Wall time, from the start to the transaction that handed over.
         drain_seconds: Of which the old shape's run to the cut.
+        handover_bytes: Keys and values the handing-over transaction wrote.
     """
 
     old_reducers: int
@@ -52,6 +53,7 @@ class RescaleSummary:
     rows_drained: int
     seconds: float
     drain_seconds: float
+    handover_bytes: int = 0
 
     def __str__(self) -> str:
         if self.old_reducers == self.new_reducers:
@@ -59,7 +61,8 @@ class RescaleSummary:
         return (
             f"rescaled from {self.old_reducers} to {self.new_reducers} reducers in "
             f"{self.seconds:.2f} s ({self.rows_drained:,} input rows committed by the old "
-            f"reducers up to the cut in {self.drain_seconds:.2f} s)"
+            f"reducers up to the cut in {self.drain_seconds:.2f} s; the handover wrote "
+            f"{self.handover_bytes:,} bytes)"
         )
 
 
@@ -112,8 +115,15 @@ def rescale(
     store = processor.open_store()
     try:
         plan = store.transact(read_rescale)
-        if plan is not None:  # idempotent: it checks the cut and rewrites the same records
-            store.transact(lambda txn: finish_rescale(txn, plan), idempotent=True)
+        handover = 0
+        if plan is not None:
+
+            def hand_over(txn: StoreTransaction) -> int:
+                finish_rescale(txn, plan)
+                return txn.write_size
+
+            # Idempotent: it checks the cut and writes the same records again.
+            handover = store.transact(hand_over, idempotent=True)
     finally:
         store.close()
     summary = RescaleSummary(
@@ -122,6 +132,7 @@ def rescale(
         sum(cut) - before,
         time.monotonic() - started,
         drain_seconds,
+        handover,
     )
     if progress:
         print(f"millstream: {summary}", file=out)

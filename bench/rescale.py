@@ -1,0 +1,144 @@
+"""Rescale cost: the README's keyed sum stopped mid-stream and rescaled to another number
+of reducers.
+
+The job (:mod:`examples.keyed_sum`, default ``Tuning``) runs with ``--from`` reducers until
+``--stop-at`` of its input is committed, and is stopped (SIGTERM to every worker, as Ctrl-C
+does). Then, measured from the moment the last worker is gone:
+
+* the rescale (:func:`millstream.rescale`): its wall time, the input rows the old reducers
+  committed to reach the cut, and the bytes its whole process tree wrote to disk (gross and
+  net, :mod:`bench.io_meter`), per input byte of the job; the handover transaction's own
+  size (the keys and values it writes);
+* the time from the stop to the first commit of the new shape (the processor started
+  again with ``--to`` reducers; its first reducer commit seen in the store).
+
+The run then drains and the sums are checked against the input. Run::
+
+    .venv/bin/python -m bench.rescale --rows 4000000 --from 2 --to 3
+
+Raw results: ``bench/results/rescale/*.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import millstream as ms
+import pyarrow.dataset as ds
+from millstream.ledger import OUTPUT, reduced_key, summarize
+from millstream.runner.local import LocalRunner
+from millstream.state import decode_int64
+
+from bench.io_meter import measure_callable
+from examples.keyed_sum import generate, make_processor
+
+RESULTS = Path(__file__).resolve().parent / "results" / "rescale"
+
+
+def _persisted(processor: ms.Processor) -> int:
+    store = processor.open_store()
+    try:
+        return summarize(store, processor.info, 0, 0.0).rows_read
+    finally:
+        store.close()
+
+
+def _commits(processor: ms.Processor) -> int:
+    store = processor.open_store()
+    try:
+        with store.read() as txn:
+            raw = [txn.get(reduced_key(r, "commits")) for r in range(processor.num_reducers)]
+    finally:
+        store.close()
+    return sum(decode_int64(v) for v in raw if v is not None)
+
+
+def _check(processor: ms.Processor, data: Path) -> None:
+    table = ds.dataset(data, format="parquet").to_table(columns=["key", "value"])
+    want = table.group_by("key").aggregate([("value", "sum")])
+    expected = dict(zip(want["key"].to_pylist(), want["value_sum"].to_pylist(), strict=True))
+    store = processor.open_store()
+    try:
+        with store.read() as txn:
+            got = {
+                key[-1]: decode_int64(value)
+                for key, value in txn.get_range_startswith((*OUTPUT, "sum"))
+            }
+    finally:
+        store.close()
+    assert got == expected, "the sums differ from the input's"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="millstream-rescale-"))
+    try:
+        data = generate(root, args.rows)
+        input_bytes = sum(f.stat().st_size for f in data.rglob("*.parquet"))
+        before = make_processor(root, args.rows, num_reducers=getattr(args, "from"))
+        runner = LocalRunner(before)
+        runner.start()
+        while _persisted(before) < args.stop_at * args.rows:
+            assert not runner.poll(), "the job drained before it could be stopped"
+            time.sleep(0.05)
+        runner.stop()
+        stopped = time.monotonic()
+        after = dataclasses.replace(before, num_reducers=args.to)
+        summary, io = measure_callable(lambda: ms.rescale(after))
+        rescaled = time.monotonic()
+        commits = _commits(after)
+        runner = LocalRunner(after)
+        runner.start()
+        while _commits(after) == commits:
+            runner.poll()
+            time.sleep(0.005)
+        first_commit = time.monotonic()
+        while not runner.poll():
+            time.sleep(0.05)
+        final = runner.finish()
+        _check(after, data)
+        result = {
+            "rows": args.rows,
+            "from": getattr(args, "from"),
+            "to": args.to,
+            "stopped_at_rows": args.stop_at * args.rows,
+            "input_bytes": input_bytes,
+            "rescale_seconds": round(rescaled - stopped, 3),
+            "drain_seconds": round(summary.drain_seconds, 3),
+            "rows_drained": summary.rows_drained,
+            "stop_to_first_commit_seconds": round(first_commit - stopped, 3),
+            "rescale_write_bytes": io.write_bytes,
+            "rescale_net_write_bytes": io.net_write_bytes,
+            "rescale_bytes_per_input_byte": round(io.write_bytes / input_bytes, 5),
+            "handover_transaction_bytes": summary.handover_bytes,
+            "final": str(final),
+        }
+        return result
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--from", type=int, default=2, help="reducers before the rescale")
+    parser.add_argument("--to", type=int, default=3, help="reducers after the rescale")
+    parser.add_argument(
+        "--stop-at", type=float, default=0.5, help="stop once this share of rows is committed"
+    )
+    args = parser.parse_args()
+    result = run(args)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"rescale-{args.rows}-{getattr(args, 'from')}-{args.to}-{int(time.time())}.json"
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
