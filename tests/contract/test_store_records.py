@@ -11,13 +11,18 @@ from millstream.ledger import (
     MapperState,
     ProcessorInfo,
     ReducerState,
+    RescalePlan,
     check_processor_info,
     freshest_workers,
     list_workers,
+    plan_key,
     read_mapper_state,
     read_processor_info,
     read_reducer_state,
+    read_rescale,
     read_statuses,
+    reduced_key,
+    reducer_state_key,
     register_worker,
     remove_stale_workers,
     unregister_worker,
@@ -25,7 +30,8 @@ from millstream.ledger import (
     write_reducer_state,
     write_worker_status,
 )
-from millstream.state import Store
+from millstream.ledger.rescale import begin_rescale, finish_rescale
+from millstream.state import Store, StoreTransaction, decode_int64, pack
 
 
 def test_subspaces_are_distinct() -> None:
@@ -154,3 +160,50 @@ def test_processor_info_refuses_mismatched_restart(store: Store) -> None:
     )
     store.transact(lambda t: t.set((*SYSTEM, "processor"), legacy))
     assert store.transact(read_processor_info) == info
+
+
+def test_a_rescale_hands_over_at_its_cut(store: Store) -> None:
+    info = ProcessorInfo(num_partitions=2, num_reducers=2, fingerprint="wc")
+    store.transact(lambda t: check_processor_info(t, info))
+
+    def setup(t: StoreTransaction) -> None:
+        write_mapper_state(t, 0, MapperState(10, 7))
+        write_mapper_state(t, 1, MapperState(4, 3))
+        t.set(plan_key(0, 10), pack((15,)))  # a batch recorded past the persisted state
+        write_reducer_state(t, 0, ReducerState((6, 1)))
+        write_reducer_state(t, 1, ReducerState((5, 2)))
+        for r in (0, 1):
+            t.add(reduced_key(r, "rows"), 10 + r)
+
+    store.transact(setup)
+    plan = store.transact(lambda t: begin_rescale(t, info, 3))
+    assert plan == RescalePlan(3, (15, 4))
+    assert store.transact(lambda t: begin_rescale(t, info, 3)) == plan  # resumed, same cut
+    with pytest.raises(ConfigurationError, match="a rescale to 3 reducers is unfinished"):
+        store.transact(lambda t: begin_rescale(t, info, 1))
+    with pytest.raises(ConfigurationError, match="partition 0 at input row 10 \\(cut 15\\)"):
+        store.transact(lambda t: finish_rescale(t, plan))
+
+    def drained(t: StoreTransaction) -> None:  # the old reducers committed up to the cut
+        write_mapper_state(t, 0, MapperState(15, 12))
+        write_reducer_state(t, 0, ReducerState((11, 2)))
+        write_reducer_state(t, 1, ReducerState((9, 2)))
+
+    store.transact(drained)
+    rescaled = store.transact(lambda t: finish_rescale(t, plan))
+    assert rescaled.num_reducers == 3
+    with store.read() as t:
+        assert read_processor_info(t) == rescaled
+        assert read_rescale(t) is None
+        for r in range(3):
+            assert read_reducer_state(t, r, 2).committed_row_indices == (11, 2)
+        assert decode_int64(t.get(reduced_key(0, "rows")) or b"") == 10
+    # Back to one: reducers 1 and 2 go, their totals join reducer 0's.
+    store.transact(lambda t: t.add(reduced_key(2, "rows"), 5))
+    plan = store.transact(lambda t: begin_rescale(t, rescaled, 1))
+    store.transact(lambda t: finish_rescale(t, plan))
+    with store.read() as t:
+        assert t.get(reducer_state_key(1)) is None
+        assert decode_int64(t.get(reduced_key(0, "rows")) or b"") == 26
+    with pytest.raises(ConfigurationError, match="128 key groups"):
+        store.transact(lambda t: begin_rescale(t, rescaled, 129))

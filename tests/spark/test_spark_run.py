@@ -8,6 +8,7 @@ workers are certainly running when they are killed or cancelled.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -165,6 +166,18 @@ def test_keyed_sum_is_exact(spark: Any, tmp_path: Path) -> None:
     out = read_output(spark, processor, ("sum",))
     assert out.count() == len(expected_sums(table))
     assert {row["key"]: row["value"] for row in out.collect()} == expected_sums(table)
+
+
+def test_one_mapper_task_reads_several_partitions_exactly(spark: Any, tmp_path: Path) -> None:
+    processor, queue = make_processor(tmp_path, partitions=3)
+    processor = dataclasses.replace(processor, num_mappers=1)
+    table = make_rows(9_000, seed=4)
+    assert write_queue(spark.createDataFrame(table).repartition(3), queue, close=True) == 9_000
+
+    summary = run(spark, processor, timeout=120)
+
+    assert summary.rows_read == table.num_rows
+    assert got_sums(processor) == expected_sums(table)  # the one mapper task read all three
 
 
 def test_write_queue_retried_task_appends_each_row_once(spark: Any, tmp_path: Path) -> None:

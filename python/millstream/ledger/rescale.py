@@ -18,7 +18,12 @@ import json
 from dataclasses import asdict, replace
 
 from millstream.exceptions import ConfigurationError
-from millstream.ledger.mapper import drained_key, plan_key, read_mapper_state
+from millstream.ledger.mapper import (
+    drained_key,
+    plan_key,
+    read_mapper_state,
+    write_mapper_state,
+)
 from millstream.ledger.processor import (
     RESCALE_KEY,
     ProcessorInfo,
@@ -89,8 +94,9 @@ def finish_rescale(txn: StoreTransaction, plan: RescalePlan) -> ProcessorInfo:
     """Hand the processor to ``plan.num_reducers`` reducers, in one transaction.
 
     Every new reducer's progress for a partition is the last shuffle index before the
-    partition's persisted state; the old reducers' states, drained markers and spill
-    records go, their totals are added to reducer 0's.
+    partition's persisted state; the old reducers' states and drained markers go, their
+    totals are added to reducer 0's, and every mapper's state gets a new version (so that
+    a mapper instance of the old shape that is still alive stops).
 
     Returns:
         The processor's record after the rescale.
@@ -128,8 +134,11 @@ def finish_rescale(txn: StoreTransaction, plan: RescalePlan) -> ProcessorInfo:
                     txn.clear(reduced_key(r, what))
         else:
             write_reducer_state(txn, r, progress)
-    for p in range(info.num_partitions):
+    for p, state in enumerate(states):
         txn.clear(drained_key(p))
+        # A new version: a mapper instance of the old shape still alive sees another
+        # instance's write (split brain), restarts and finds the new count.
+        write_mapper_state(txn, p, state)
     rescaled = replace(info, num_reducers=plan.num_reducers)
     write_processor_info(txn, rescaled)
     txn.clear(RESCALE_KEY)

@@ -41,6 +41,7 @@ from millstream.ledger import (
     plan_key,
     read_mapper_state,
     read_numbering,
+    read_processor_info,
     read_reducer_state,
     read_rescale,
     write_mapper_state,
@@ -146,9 +147,18 @@ class MapperWorker:
                 self.persisted = read_mapper_state(txn, self.index)
             plan = read_rescale(txn)
             self.cut = None if plan is None else plan.cut[self.index]
+            info = read_processor_info(txn)
             spilled = [
                 spilled_through(txn, r, self.index) for r in range(self.processor.num_reducers)
             ]
+        if info is not None and info.num_reducers != self.processor.num_reducers:
+            # A worker of the shape before a rescale (which bumped every mapper's state,
+            # so that a live one gets here): its buckets are not the reducers' any more.
+            raise ConfigurationError(
+                f"mapper {self.index}: the processor now has {info.num_reducers} reducers "
+                f"(rescaled) but this worker was started with {self.processor.num_reducers}; "
+                "stop it and start the processor with the new count"
+            )
         old = self.window
         self.window = _core.Window(
             self.processor.num_reducers,

@@ -27,11 +27,13 @@ MAX_RESPONSE = 4_096
 
 
 class WindowHandler:
-    """Serves GetRows from a real window, like the mapper worker does."""
+    """Serves GetRows from a real window, like the mapper worker does (instance ``guid``,
+    rows ``first``, ``first + 1``, ...)."""
 
-    def __init__(self) -> None:
+    def __init__(self, guid: str = GUID, first: int = 0) -> None:
+        self.guid = guid
         self.window = _core.Window(2, 1 << 24)
-        batch = pa.record_batch({"x": pa.array(range(1_000), pa.int64())})
+        batch = pa.record_batch({"x": pa.array(range(first, first + 1_000), pa.int64())})
         self.window.push(batch, pa.array([i % 2 for i in range(1_000)], pa.int32()), 1_000, b"t")
         self.calls: list[tuple[int, int, int, int]] = []
         self.options: list[dict[str, Any]] = []
@@ -45,7 +47,7 @@ class WindowHandler:
         mapper_id: str,
         **options: Any,
     ) -> tuple[int, int, bytes]:
-        if mapper_id != GUID:
+        if mapper_id != self.guid:
             raise StaleMapperError(f"stale {mapper_id}")
         self.calls.append((reducer_index, committed, max_rows, max_bytes))
         self.options.append(options)
@@ -200,6 +202,32 @@ def test_stale_guid_is_failed_precondition(served: tuple[WindowHandler, str]) ->
         client.close()
     assert isinstance(result, StaleMapperError)
     assert handler.calls == []
+
+
+def test_one_server_serves_several_partitions_by_instance_guid() -> None:
+    # A mapper worker reading several partitions serves them all on one port; each call
+    # names the instance (partition) it is for, and an unknown one is stale.
+    handlers = {"p0": WindowHandler("p0", 0), "p2": WindowHandler("p2", 10_000)}
+    server = RowsServer(handlers, "127.0.0.1:0", 1 << 20, MAX_RESPONSE)
+    address = f"127.0.0.1:{server.port}"
+    client = GrpcRowsClient(5.0, 1 << 20)
+    try:
+        first, second, stale = client.get_rows_many(
+            [
+                _call(address, mapper_index=0, mapper_guid="p0", max_rows=2),
+                _call(address, mapper_index=2, mapper_guid="p2", max_rows=2),
+                _call(address, mapper_index=4, mapper_guid="p4", max_rows=2),
+            ]
+        )
+    finally:
+        client.close()
+        server.stop(0)
+    assert isinstance(first, GetRowsResult)
+    assert isinstance(second, GetRowsResult)
+    assert _core.decode_ipc([first.arrow_ipc])["x"].to_pylist() == [1, 3]
+    assert _core.decode_ipc([second.arrow_ipc])["x"].to_pylist() == [10_001, 10_003]
+    assert isinstance(stale, StaleMapperError)
+    assert "p4" in str(stale)
 
 
 def test_unreachable_mapper_is_an_error_in_its_slot(served: tuple[WindowHandler, str]) -> None:

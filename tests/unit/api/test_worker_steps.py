@@ -22,11 +22,13 @@ from millstream.exceptions import (
 from millstream.ledger import (
     OUTPUT,
     ReducerState,
+    check_processor_info,
     list_workers,
     read_mapper_state,
     read_reducer_state,
     register_worker,
 )
+from millstream.ledger.rescale import begin_rescale, finish_rescale
 from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import RowsHandler
 from millstream.state import Store, StoreTransaction, decode_int64, encode_int64, open_store
@@ -607,3 +609,34 @@ def test_reducers_forget_mappers_that_stopped_beating(tmp_path: Path) -> None:
             txn.reset()
     finally:
         cluster.store.close()
+
+
+def test_a_mapper_of_the_shape_before_a_rescale_stops(tmp_path: Path) -> None:
+    # A mapper instance left running across a rescale (its workers should have been
+    # stopped) must not serve rows bucketed for the old reducers: the handover gives every
+    # mapper state a new version, so the old instance sees split brain, restarts and finds
+    # the new count.
+    c = Cluster(tmp_path, _tables())
+    old = c.mappers[0]
+    c.store.transact(lambda txn: check_processor_info(txn, c.processor.info))
+    c.step()
+    old.ingest_once()  # rows in flight: the cut is past the persisted state
+    plan = c.store.transact(lambda txn: begin_rescale(txn, c.processor.info, 3))
+    with c.store.read() as txn:
+        assert plan.cut[0] > read_mapper_state(txn, 0).input_unread_row_index
+    for m in range(c.processor.num_partitions):  # the rescale's run: fresh workers
+        c.start_mapper(m)
+    c.run_to_end()  # ... commit every row up to the cut
+    with c.store.read() as txn:
+        assert read_mapper_state(txn, 0).input_unread_row_index == plan.cut[0]
+    zombie = MapperWorker(c.processor, 1, c.store, clock=c.clock)
+    zombie.start_ingestion()  # in step with the store until the handover
+    c.store.transact(lambda txn: finish_rescale(txn, plan))
+    with pytest.raises(SplitBrainError):
+        old.ingest_once()
+    with pytest.raises(SplitBrainError):
+        zombie.trim_input_rows()
+    with pytest.raises(ConfigurationError, match="now has 3 reducers"):
+        zombie.start_ingestion()
+    with pytest.raises(ConfigurationError, match="now has 3 reducers"):
+        old.start_ingestion()
