@@ -1,20 +1,20 @@
-"""Rescale cost: the README's keyed sum stopped mid-stream and rescaled to another number
-of reducers.
+"""Rescale cost on a bounded log: the README's keyed sum stopped part-way and rescaled to
+another number of reducers (:mod:`bench.rescale_stream` does the same on a stream).
 
-The job (:mod:`examples.keyed_sum`, default ``Tuning``) runs with ``--from`` reducers until
-``--stop-at`` of its input is committed, and is stopped (SIGTERM to every worker, as Ctrl-C
-does). Then, measured from the moment the last worker is gone:
+The job (:mod:`examples.keyed_sum`, default ``Tuning``) runs with ``--from`` reducers for
+``--stop-after`` seconds and is stopped (SIGTERM to every worker, as Ctrl-C does). Then,
+measured from the moment the last worker is gone:
 
-* the rescale (:func:`millstream.rescale`): its wall time, the input rows the old reducers
-  committed to reach the cut, and the bytes its whole process tree wrote to disk (gross and
-  net, :mod:`bench.io_meter`), per input byte of the job; the handover transaction's own
-  size (the keys and values it writes);
+* the rescale (:func:`millstream.rescale`): its wall time, the input rows its old
+  reducers' run committed (up to the last row any of them had committed), and the bytes
+  its process tree wrote to disk (gross and net, :mod:`bench.io_meter`), per input byte of
+  the job; the handover transaction's own size (the keys and values it writes);
 * the time from the stop to the first commit of the new shape (the processor started
   again with ``--to`` reducers; its first reducer commit seen in the store).
 
 The run then drains and the sums are checked against the input. Run::
 
-    .venv/bin/python -m bench.rescale --rows 4000000 --from 2 --to 3
+    .venv/bin/python -m bench.rescale --rows 20000000 --from 2 --to 3
 
 Raw results: ``bench/results/rescale/*.json``.
 """
@@ -84,10 +84,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         before = make_processor(root, args.rows, num_reducers=getattr(args, "from"))
         runner = LocalRunner(before)
         runner.start()
-        while _persisted(before) < args.stop_at * args.rows:
+        started = time.monotonic()
+        while time.monotonic() - started < args.stop_after:
             assert not runner.poll(), "the job drained before it could be stopped"
-            time.sleep(0.05)
+            time.sleep(0.01)
         runner.stop()
+        persisted = _persisted(before)
+        assert persisted < args.rows, "the job drained before it was stopped: use more rows"
         stopped = time.monotonic()
         after = dataclasses.replace(before, num_reducers=args.to)
         summary, io = measure_callable(lambda: ms.rescale(after))
@@ -95,24 +98,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         commits = _commits(after)
         runner = LocalRunner(after)
         runner.start()
-        while _commits(after) == commits:
-            runner.poll()
-            time.sleep(0.005)
-        first_commit = time.monotonic()
+        first_commit: float | None = None
         while not runner.poll():
-            time.sleep(0.05)
+            if first_commit is None and _commits(after) > commits:
+                first_commit = time.monotonic()
+            time.sleep(0.005)
         final = runner.finish()
         _check(after, data)
         result = {
             "rows": args.rows,
             "from": getattr(args, "from"),
             "to": args.to,
-            "stopped_at_rows": args.stop_at * args.rows,
+            "stopped_at_rows": persisted,
             "input_bytes": input_bytes,
             "rescale_seconds": round(rescaled - stopped, 3),
             "drain_seconds": round(summary.drain_seconds, 3),
             "rows_drained": summary.rows_drained,
-            "stop_to_first_commit_seconds": round(first_commit - stopped, 3),
+            # None: the cut was the input's end (the mappers had read it all when stopped).
+            "stop_to_first_commit_seconds": (
+                None if first_commit is None else round(first_commit - stopped, 3)
+            ),
             "rescale_write_bytes": io.write_bytes,
             "rescale_net_write_bytes": io.net_write_bytes,
             "rescale_bytes_per_input_byte": round(io.write_bytes / input_bytes, 5),
@@ -126,11 +131,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--rows", type=int, default=20_000_000)
     parser.add_argument("--from", type=int, default=2, help="reducers before the rescale")
     parser.add_argument("--to", type=int, default=3, help="reducers after the rescale")
     parser.add_argument(
-        "--stop-at", type=float, default=0.5, help="stop once this share of rows is committed"
+        "--stop-after", type=float, default=0.5, help="stop the job after this many seconds"
     )
     args = parser.parse_args()
     result = run(args)

@@ -162,32 +162,32 @@ def test_processor_info_refuses_mismatched_restart(store: Store) -> None:
     assert store.transact(read_processor_info) == info
 
 
-def test_a_rescale_hands_over_at_its_cut(store: Store) -> None:
+def test_a_rescale_hands_over_past_every_committed_row(store: Store) -> None:
     info = ProcessorInfo(num_partitions=2, num_reducers=2, fingerprint="wc")
     store.transact(lambda t: check_processor_info(t, info))
 
     def setup(t: StoreTransaction) -> None:
         write_mapper_state(t, 0, MapperState(10, 7))
         write_mapper_state(t, 1, MapperState(4, 3))
-        t.set(plan_key(0, 10), pack((15,)))  # a batch recorded past the persisted state
-        write_reducer_state(t, 0, ReducerState((6, 1)))
+        write_reducer_state(t, 0, ReducerState((9, 1)))  # rows 7-9 only reducer 0 has
         write_reducer_state(t, 1, ReducerState((5, 2)))
         for r in (0, 1):
             t.add(reduced_key(r, "rows"), 10 + r)
 
     store.transact(setup)
     plan = store.transact(lambda t: begin_rescale(t, info, 3))
-    assert plan == RescalePlan(3, (15, 4))
-    assert store.transact(lambda t: begin_rescale(t, info, 3)) == plan  # resumed, same cut
+    assert plan == RescalePlan(3, (9, 2))
+    assert store.transact(lambda t: begin_rescale(t, info, 3)) == plan  # resumed
     with pytest.raises(ConfigurationError, match="a rescale to 3 reducers is unfinished"):
         store.transact(lambda t: begin_rescale(t, info, 1))
-    with pytest.raises(ConfigurationError, match="partition 0 at input row 10 \\(cut 15\\)"):
+    with pytest.raises(ConfigurationError, match="partition 0 persisted up to shuffle row 7"):
         store.transact(lambda t: finish_rescale(t, plan))
 
-    def drained(t: StoreTransaction) -> None:  # the old reducers committed up to the cut
+    def drained(t: StoreTransaction) -> None:  # the old reducers' run got past row 9
         write_mapper_state(t, 0, MapperState(15, 12))
         write_reducer_state(t, 0, ReducerState((11, 2)))
-        write_reducer_state(t, 1, ReducerState((9, 2)))
+        write_reducer_state(t, 1, ReducerState((10, 2)))
+        t.set(plan_key(0, 15), pack((20,)))  # read ahead, never committed
 
     store.transact(drained)
     rescaled = store.transact(lambda t: finish_rescale(t, plan))
@@ -197,6 +197,8 @@ def test_a_rescale_hands_over_at_its_cut(store: Store) -> None:
         assert read_rescale(t) is None
         for r in range(3):
             assert read_reducer_state(t, r, 2).committed_row_indices == (11, 2)
+        assert t.get(plan_key(0, 15)) is None  # the new shape cuts those rows afresh
+        assert read_mapper_state(t, 0).version > 1  # old instances see another's write
         assert decode_int64(t.get(reduced_key(0, "rows")) or b"") == 10
     # Back to one: reducers 1 and 2 go, their totals join reducer 0's.
     store.transact(lambda t: t.add(reduced_key(2, "rows"), 5))

@@ -1488,7 +1488,7 @@ class Simulation:
             return begin_rescale(txn, self.processor.info, num_reducers)
 
         plan = self.raw.transact(begin)
-        self.note(f"rescale to {num_reducers} reducers: cut {plan.cut}")
+        self.note(f"rescale to {num_reducers} reducers: old reducers commit up to {plan.committed}")
         for m in range(self.M):
             self.start_mapper(m)
         for r in range(self.R):
@@ -1504,7 +1504,7 @@ class Simulation:
             self.check()
             if self._all_mappers_drained():
                 break
-        assert self._all_mappers_drained(), "the old reducers did not drain to the cut"
+        assert self._all_mappers_drained(), "the old reducers' run did not drain"
         for insts in self.mappers:
             for inst in insts:
                 inst.worker.mark_drained()

@@ -382,15 +382,19 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
 }
 
 
-def _cut_at_persisted_state(txn: StoreTransaction, partition: int) -> int:
-    """Rescale mutant: the cut is each partition's persisted state, not where its batches
-    were recorded up to: rows in flight that some old reducers committed are handed to new
-    owners, which apply them again."""
-    return read_mapper_state(txn, partition).input_unread_row_index
+def _only_persisted_rows_committed(txn: StoreTransaction, info: Any, partition: int) -> int:
+    """Rescale mutant: hand over at each partition's persisted state, as if no reducer had
+    committed a row after it: rows some old reducers committed go to new owners, which
+    apply them again."""
+    return read_mapper_state(txn, partition).shuffle_unread_row_index - 1
 
 
 RESCALE_MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
-    "rescale_cuts_at_persisted_state": (rescale_module, "recorded_end", _cut_at_persisted_state),
+    "rescale_ignores_rows_committed_past_the_persisted_state": (
+        rescale_module,
+        "committed_through",
+        _only_persisted_rows_committed,
+    ),
 }
 
 

@@ -72,11 +72,12 @@ class RescalePlan:
 
     Attributes:
         num_reducers: The reducer count after the rescale.
-        cut: Per partition, the input row index the old reducers commit up to.
+        committed: Per partition, the last shuffle index any old reducer committed (or
+            had spilled for it): the old reducers commit every row up to it first.
     """
 
     num_reducers: int
-    cut: tuple[int, ...]
+    committed: tuple[int, ...]
 
 
 def read_rescale(txn: StoreTransaction) -> RescalePlan | None:
@@ -86,7 +87,7 @@ def read_rescale(txn: StoreTransaction) -> RescalePlan | None:
         return None
     try:
         fields = json.loads(raw)
-        return RescalePlan(int(fields["num_reducers"]), tuple(int(c) for c in fields["cut"]))
+        return RescalePlan(int(fields["num_reducers"]), tuple(int(c) for c in fields["committed"]))
     except Exception as exc:
         raise bad_record("rescale plan", raw, exc) from exc
 

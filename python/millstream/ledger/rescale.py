@@ -1,15 +1,16 @@
-"""A rescale's records: the new reducer count and the cut the old reducers drain to, and
-the one transaction that hands the processor to the new reducers.
+"""A rescale's records: the new reducer count and how far the old reducers drain, and the
+one transaction that hands the processor to the new reducers.
 
-A rescale changes ``num_reducers`` at a cut. The cut of a partition is the furthest input
-row any mapper instance recorded a batch up to (exactly once, no row after it was ever
-served to a reducer). The old reducers commit every row before the cut, as if the input
-ended there (without their ``drain`` and without sealing outputs); then every partition's
-persisted state is at its cut, every row before it committed by its owner, none after it
-by anyone. :func:`finish_rescale` then gives every new reducer the same progress per
-partition (everything numbered before the persisted state), so the rows after the cut are
-bucketed by the new key-group ranges when the mappers read them, and each is applied once,
-by its new owner.
+A rescale changes ``num_reducers`` where no row has been committed by some reducers and
+not by others. For each partition it takes the last shuffle index any old reducer
+committed (or had spilled for it); the old reducers then commit every row up to it, in a
+run whose mappers end their input at the first batch boundary past it (without the
+reducers' ``drain`` and without sealing outputs). Then every row before each partition's
+persisted state is committed by its owner and none after it by anyone, so
+:func:`finish_rescale` gives every new reducer the same progress per partition (the
+index before the persisted state) and drops the batch records after it: the rows after it
+are cut, numbered and bucketed afresh by the new key-group ranges, and each is applied
+once, by its new owner.
 """
 
 from __future__ import annotations
@@ -35,25 +36,28 @@ from millstream.ledger.processor import (
 from millstream.ledger.reducer import (
     ReducerState,
     drained_marker_key,
+    read_reducer_state,
     reduced_key,
     reducer_state_key,
     write_reducer_state,
 )
-from millstream.ledger.spill import spill_pending
+from millstream.ledger.spill import spill_pending, spilled_through
 from millstream.state.base import StoreTransaction
-from millstream.state.keys import decode_int64, unpack
+from millstream.state.keys import decode_int64
 
 _TOTALS = ("rows", "bytes", "commits")
 
 
-def recorded_end(txn: StoreTransaction, partition: int) -> int:
-    """The furthest input row of ``partition`` that any mapper instance recorded a batch
-    up to (its persisted state when none is recorded): no row after it was ever served."""
-    persisted = read_mapper_state(txn, partition).input_unread_row_index
-    last = txn.get_range(plan_key(partition, 0), plan_key(partition, 2**62), limit=1, reverse=True)
-    if not last:
-        return persisted
-    return max(persisted, int(unpack(last[0][1])[0]))
+def committed_through(txn: StoreTransaction, info: ProcessorInfo, partition: int) -> int:
+    """The last shuffle index of ``partition`` any reducer committed or had spilled for it
+    (-1: none): the rows up to it must be committed by their old owners."""
+    return max(
+        max(
+            read_reducer_state(txn, r, info.num_partitions).committed_row_indices[partition],
+            spilled_through(txn, r, partition),
+        )
+        for r in range(info.num_reducers)
+    )
 
 
 def begin_rescale(txn: StoreTransaction, info: ProcessorInfo, num_reducers: int) -> RescalePlan:
@@ -72,8 +76,8 @@ def begin_rescale(txn: StoreTransaction, info: ProcessorInfo, num_reducers: int)
         )
     if info.delivery != "exactly_once":
         raise ConfigurationError(
-            "rescaling needs exactly-once delivery (its cut is where the mappers recorded "
-            "their batches, which at least once they do not record)"
+            "rescaling needs exactly-once delivery (the old reducers drain along the batches "
+            "the mappers recorded, which at least once they do not record)"
         )
     plan = read_rescale(txn)
     if plan is not None:
@@ -84,7 +88,8 @@ def begin_rescale(txn: StoreTransaction, info: ProcessorInfo, num_reducers: int)
             )
         return plan
     plan = RescalePlan(
-        num_reducers, tuple(recorded_end(txn, p) for p in range(info.num_partitions))
+        num_reducers,
+        tuple(committed_through(txn, info, p) for p in range(info.num_partitions)),
     )
     txn.set(RESCALE_KEY, json.dumps(asdict(plan)).encode())
     return plan
@@ -94,32 +99,34 @@ def finish_rescale(txn: StoreTransaction, plan: RescalePlan) -> ProcessorInfo:
     """Hand the processor to ``plan.num_reducers`` reducers, in one transaction.
 
     Every new reducer's progress for a partition is the last shuffle index before the
-    partition's persisted state; the old reducers' states and drained markers go, their
-    totals are added to reducer 0's, and every mapper's state gets a new version (so that
-    a mapper instance of the old shape that is still alive stops).
+    partition's persisted state, and the batch records after that state go (no row after
+    it was committed: the new shape cuts and numbers them afresh). The old reducers'
+    states and drained markers go, their totals are added to reducer 0's, and every
+    mapper's state gets a new version (so that a mapper instance of the old shape that is
+    still alive stops).
 
     Returns:
         The processor's record after the rescale.
 
     Raises:
-        ConfigurationError: Some partition's persisted state is not at its cut (the old
-            reducers did not commit every row before it).
+        ConfigurationError: Some partition's persisted state is not past the rows the old
+            reducers committed (they did not commit every row up to there).
     """
     info = read_processor_info(txn)
     if info is None:
         raise ConfigurationError("the store holds no processor to rescale")
     states = [read_mapper_state(txn, p) for p in range(info.num_partitions)]
     behind = [
-        f"partition {p} at input row {s.input_unread_row_index} (cut {c})"
-        for p, (s, c) in enumerate(zip(states, plan.cut, strict=True))
-        if s.input_unread_row_index != c
+        f"partition {p} persisted up to shuffle row {s.shuffle_unread_row_index}, not past {c}"
+        for p, (s, c) in enumerate(zip(states, plan.committed, strict=True))
+        if s.shuffle_unread_row_index <= c
     ]
     behind += [
         f"reducer {r} has spilled rows" for r in range(info.num_reducers) if spill_pending(txn, r)
     ]
     if behind:
         raise ConfigurationError(
-            "the old reducers have not committed every row before the rescale's cut: "
+            "the old reducers have not committed every row up to where any of them had: "
             + "; ".join(behind)
         )
     progress = ReducerState(tuple(s.shuffle_unread_row_index - 1 for s in states))
@@ -136,6 +143,7 @@ def finish_rescale(txn: StoreTransaction, plan: RescalePlan) -> ProcessorInfo:
             write_reducer_state(txn, r, progress)
     for p, state in enumerate(states):
         txn.clear(drained_key(p))
+        txn.clear_range(plan_key(p, state.input_unread_row_index), plan_key(p, 2**62))
         # A new version: a mapper instance of the old shape still alive sees another
         # instance's write (split brain), restarts and finds the new count.
         write_mapper_state(txn, p, state)

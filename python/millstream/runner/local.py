@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import os
 import pickle
@@ -212,8 +213,12 @@ class _Slot:
         return None
 
     def close(self) -> None:
-        if self.errors is not None:
-            self.errors.close()
+        # stop() may run in another thread than wait() (a benchmark, a notebook): both
+        # close the pipes, and closing one twice is an error.
+        errors, self.errors = self.errors, None
+        if errors is not None:
+            with contextlib.suppress(OSError):
+                errors.close()
 
 
 @contextmanager

@@ -1,10 +1,10 @@
 """Rescaling reducers: change a processor's ``num_reducers`` without losing or repeating a
 row (:func:`rescale`, ``millstream rescale``).
 
-The old reducers first commit every row up to a cut (where the mappers last recorded a
-batch: no row after it ever reached a reducer), in a run of the old shape whose inputs end
-there; one transaction then hands the key groups to the new reducers
-(:mod:`millstream.ledger.rescale`). Rows after the cut go to their new owners when the
+The old reducers first commit every row up to the last one any of them committed (so that
+no row is committed by some reducers and not by others), in a run of the old shape whose
+inputs end there; one transaction then hands the key groups to the new reducers
+(:mod:`millstream.ledger.rescale`). The rows after it go to their new owners when the
 processor starts again. A rescale that is stopped (or killed) resumes where it was when
 run again.
 """
@@ -42,9 +42,10 @@ class RescaleSummary:
     Attributes:
         old_reducers: Reducers before.
         new_reducers: Reducers after.
-        rows_drained: Input rows the old reducers committed to reach the cut.
+        rows_drained: Input rows the old reducers' run committed (and persisted) to get
+            past every row any of them had committed.
         seconds: Wall time, from the start to the transaction that handed over.
-        drain_seconds: Of which the old shape's run to the cut.
+        drain_seconds: Of which the old shape's run.
         handover_bytes: Keys and values the handing-over transaction wrote.
     """
 
@@ -61,7 +62,7 @@ class RescaleSummary:
         return (
             f"rescaled from {self.old_reducers} to {self.new_reducers} reducers in "
             f"{self.seconds:.2f} s ({self.rows_drained:,} input rows committed by the old "
-            f"reducers up to the cut in {self.drain_seconds:.2f} s; the handover wrote "
+            f"reducers first, in {self.drain_seconds:.2f} s; the handover wrote "
             f"{self.handover_bytes:,} bytes)"
         )
 
@@ -96,7 +97,7 @@ def rescale(
     store = processor.open_store()
     try:
         _check_stopped(store, processor)
-        info, cut, before = store.transact(lambda txn: _begin(txn, processor), idempotent=True)
+        info, before = store.transact(lambda txn: _begin(txn, processor), idempotent=True)
     finally:
         store.close()
     if info.num_reducers == processor.num_reducers:
@@ -104,8 +105,8 @@ def rescale(
     if progress:
         print(
             f"millstream: rescaling {processor.name} from {info.num_reducers} to "
-            f"{processor.num_reducers} reducers: the old reducers commit "
-            f"{sum(cut) - before:,} input rows up to the cut",
+            f"{processor.num_reducers} reducers: the old reducers first commit the rows "
+            "some of them had committed",
             file=out,
         )
     old = dataclasses.replace(processor, num_reducers=info.num_reducers)
@@ -115,6 +116,7 @@ def rescale(
     store = processor.open_store()
     try:
         plan = store.transact(read_rescale)
+        drained = _persisted(store, info.num_partitions) - before
         handover = 0
         if plan is not None:
 
@@ -129,7 +131,7 @@ def rescale(
     summary = RescaleSummary(
         info.num_reducers,
         processor.num_reducers,
-        sum(cut) - before,
+        drained,
         time.monotonic() - started,
         drain_seconds,
         handover,
@@ -179,11 +181,15 @@ def _check_stopped(store: Store, processor: Processor) -> None:
         )
 
 
-def _begin(
-    txn: StoreTransaction, processor: Processor
-) -> tuple[ProcessorInfo, tuple[int, ...], int]:
-    """Record the rescale (or find it recorded): the stored processor, the cut and the
-    input rows persisted before the drain."""
+def _persisted(store: Store, num_partitions: int) -> int:
+    """Input rows persisted over every partition."""
+    with store.read() as txn:
+        return sum(read_mapper_state(txn, p).input_unread_row_index for p in range(num_partitions))
+
+
+def _begin(txn: StoreTransaction, processor: Processor) -> tuple[ProcessorInfo, int]:
+    """Record the rescale (or find it recorded): the stored processor and the input rows
+    persisted before the old reducers' run."""
     info = read_processor_info(txn)
     if info is None:
         raise ConfigurationError(
@@ -192,9 +198,8 @@ def _begin(
         )
     check_processor_info(txn, dataclasses.replace(processor.info, num_reducers=info.num_reducers))
     if info.num_reducers == processor.num_reducers and read_rescale(txn) is None:
-        return info, (), 0
-    plan = begin_rescale(txn, info, processor.num_reducers)
-    before = sum(
+        return info, 0
+    begin_rescale(txn, info, processor.num_reducers)
+    return info, sum(
         read_mapper_state(txn, p).input_unread_row_index for p in range(info.num_partitions)
     )
-    return info, plan.cut, before

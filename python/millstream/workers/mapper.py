@@ -128,9 +128,9 @@ class MapperWorker:
         """When each reducer last called GetRows (at both ends of a held call)."""
         self._entry_bytes: collections.deque[int] = collections.deque(maxlen=8)
         """Window bytes of the last few mapped batches: the room the next one needs."""
-        self.cut: int | None = None
-        """During a rescale, the input row this partition's input ends at for this run
-        (:mod:`millstream.ledger.rescale`)."""
+        self.rescale_through: int | None = None
+        """During a rescale, the shuffle index this run's input ends past: at the first
+        batch boundary after it (:mod:`millstream.ledger.rescale`)."""
 
     # -- ingestion (thesis 4.3.3) -------------------------------------------------------
 
@@ -146,7 +146,7 @@ class MapperWorker:
             if not self.processor.at_least_once:
                 self.persisted = read_mapper_state(txn, self.index)
             plan = read_rescale(txn)
-            self.cut = None if plan is None else plan.cut[self.index]
+            self.rescale_through = None if plan is None else plan.committed[self.index]
             info = read_processor_info(txn)
             spilled = [
                 spilled_through(txn, r, self.index) for r in range(self.processor.num_reducers)
@@ -251,23 +251,18 @@ class MapperWorker:
         """
         window = self._require_window()
         begin = window.snapshot().input_end_row_index
-        if self.cut is not None and begin >= self.cut:
-            self.end_of_input = True  # a rescale's run: the input ends at its cut
+        if self._past_rescale_cut(window):
+            self.end_of_input = True  # a rescale's run: the input ends here
             self._notify_rows()
             return False
-        hint = begin + self.tuning.batch_rows
         try:
-            result = self.reader.read(
-                begin, hint if self.cut is None else min(hint, self.cut), self._token
-            )
+            result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
         except InputError:
             self._check_persisted()  # another instance may have trimmed what this one reads
             raise
         self._check_persisted()
         batch = result.batch
         rows = 0 if batch is None else batch.num_rows
-        if self.cut is not None and begin + rows > self.cut:  # a reader that read past
-            rows = self.cut - begin
         # Told to gathering reducers only once this batch's rows are in the window (below),
         # or a reducer that stops gathering would leave them for another commit.
         behind = rows >= self.tuning.batch_rows and not result.end_of_input
@@ -280,7 +275,7 @@ class MapperWorker:
                 self._token = result.continuation_token
             return False
         end = self.plan_batch(begin, begin + rows)
-        if end != begin + batch.num_rows:
+        if end != begin + rows:
             result = self._read_cut(begin, end)
             batch = result.batch
             assert batch is not None
@@ -316,12 +311,18 @@ class MapperWorker:
                 f"[{begin}, {end}): {exc}"
             ) from exc
         self._token = result.continuation_token
-        self.end_of_input = result.end_of_input or (self.cut is not None and end >= self.cut)
+        self.end_of_input = result.end_of_input or self._past_rescale_cut(window)
         self.rows_read += rows
         self.rows_shuffled += mapped.batch.num_rows
         self.batches += 1
         self._batches_unpersisted += 1
         return True
+
+    def _past_rescale_cut(self, window: _core.Window) -> bool:
+        """In a rescale's run: every row up to the last one an old reducer committed is
+        mapped (a batch boundary: the input ends here for this run)."""
+        through = self.rescale_through
+        return through is not None and window.snapshot().shuffle_end_row_index > through
 
     def plan_batch(self, begin: int, end: int) -> int:
         """Fix the boundaries of the batch starting at input row ``begin``; returns its end.
@@ -469,7 +470,7 @@ class MapperWorker:
         window = self.window
         if (
             not ended
-            or self.cut is not None
+            or self.rescale_through is not None
             or window is None
             or not 0 <= reducer_index < self.processor.num_reducers
         ):

@@ -23,8 +23,16 @@ pub struct PyWindow {
 }
 
 impl PyWindow {
-    fn read<T>(&self, f: impl FnOnce(&Window) -> T) -> BindingResult<T> {
-        Ok(self.inner.with(f)?)
+    /// Runs `f` on the window with the GIL released. Every method that takes the window's
+    /// lock releases the GIL first: a thread holding the lock may need the GIL (dropping
+    /// rows that Python allocated, as NumPy-backed Arrow buffers, runs their release
+    /// callback under the GIL), so a thread must never wait for the lock while holding it.
+    fn read<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Window) -> T + Send,
+    ) -> BindingResult<T> {
+        Ok(py.detach(|| self.inner.with(f))?)
     }
 }
 
@@ -171,8 +179,8 @@ impl PyWindow {
         })??)
     }
 
-    fn spilled_row_index(&self, reducer_index: i64) -> BindingResult<i64> {
-        Ok(self.read(|w| w.spilled_row_index(reducer_index))??)
+    fn spilled_row_index(&self, py: Python<'_>, reducer_index: i64) -> BindingResult<i64> {
+        Ok(self.read(py, |w| w.spilled_row_index(reducer_index))??)
     }
 
     #[pyo3(signature = (timeout_seconds, reserve_bytes = 0))]
@@ -211,7 +219,7 @@ impl PyWindow {
     }
 
     fn local_state<'py>(&self, py: Python<'py>) -> BindingResult<(i64, i64, Bound<'py, PyBytes>)> {
-        let state = self.read(|w| w.local_state().clone())?;
+        let state = self.read(py, |w| w.local_state().clone())?;
         Ok((
             state.input_unread_row_index,
             state.shuffle_unread_row_index,
@@ -219,32 +227,41 @@ impl PyWindow {
         ))
     }
 
-    fn close(&self) -> BindingResult<()> {
-        Ok(self.inner.close()?)
+    fn close(&self, py: Python<'_>) -> BindingResult<()> {
+        Ok(py.detach(|| self.inner.close())?)
     }
 
     #[pyo3(signature = (reducer_index, after_row_index=None))]
-    fn bucket_len(&self, reducer_index: i64, after_row_index: Option<i64>) -> BindingResult<u64> {
-        Ok(self.read(|w| match after_row_index {
+    fn bucket_len(
+        &self,
+        py: Python<'_>,
+        reducer_index: i64,
+        after_row_index: Option<i64>,
+    ) -> BindingResult<u64> {
+        Ok(self.read(py, |w| match after_row_index {
             None => w.bucket_len(reducer_index),
             Some(after) => w.bucket_len_after(reducer_index, after),
         })??)
     }
 
-    fn pending_shuffle_indices(&self, reducer_index: i64) -> BindingResult<Vec<i64>> {
-        Ok(self.read(|w| w.pending_shuffle_indices(reducer_index))??)
+    fn pending_shuffle_indices(
+        &self,
+        py: Python<'_>,
+        reducer_index: i64,
+    ) -> BindingResult<Vec<i64>> {
+        Ok(self.read(py, |w| w.pending_shuffle_indices(reducer_index))??)
     }
 
-    fn bucket_pointer_counts(&self) -> BindingResult<Vec<u32>> {
-        self.read(Window::bucket_pointer_counts)
+    fn bucket_pointer_counts(&self, py: Python<'_>) -> BindingResult<Vec<u32>> {
+        self.read(py, Window::bucket_pointer_counts)
     }
 
-    fn snapshot(&self) -> BindingResult<PyWindowSnapshot> {
-        Ok(self.inner.snapshot()?.into())
+    fn snapshot(&self, py: Python<'_>) -> BindingResult<PyWindowSnapshot> {
+        Ok(py.detach(|| self.inner.snapshot())?.into())
     }
 
-    fn __repr__(&self) -> BindingResult<String> {
-        let s = self.inner.snapshot()?;
+    fn __repr__(&self, py: Python<'_>) -> BindingResult<String> {
+        let s = py.detach(|| self.inner.snapshot())?;
         Ok(format!(
             "Window(num_reducers={}, entries={}, buffered_rows={}, buffered_bytes={}, \
              memory_limit_bytes={}, shuffle_end_row_index={})",

@@ -620,15 +620,18 @@ def test_a_mapper_of_the_shape_before_a_rescale_stops(tmp_path: Path) -> None:
     old = c.mappers[0]
     c.store.transact(lambda txn: check_processor_info(txn, c.processor.info))
     c.step()
-    old.ingest_once()  # rows in flight: the cut is past the persisted state
+    old.ingest_once()
+    c.reducers[0].run_once()  # rows reducer 0 committed and reducer 1 did not
     plan = c.store.transact(lambda txn: begin_rescale(txn, c.processor.info, 3))
     with c.store.read() as txn:
-        assert plan.cut[0] > read_mapper_state(txn, 0).input_unread_row_index
+        assert plan.committed[0] >= read_mapper_state(txn, 0).shuffle_unread_row_index
     for m in range(c.processor.num_partitions):  # the rescale's run: fresh workers
         c.start_mapper(m)
-    c.run_to_end()  # ... commit every row up to the cut
+    c.run_to_end()  # ... commit every row up to there, and no further
     with c.store.read() as txn:
-        assert read_mapper_state(txn, 0).input_unread_row_index == plan.cut[0]
+        persisted = read_mapper_state(txn, 0)
+    assert persisted.shuffle_unread_row_index > plan.committed[0]
+    assert persisted.input_unread_row_index < ROWS_PER_PARTITION
     zombie = MapperWorker(c.processor, 1, c.store, clock=c.clock)
     zombie.start_ingestion()  # in step with the store until the handover
     c.store.transact(lambda txn: finish_rescale(txn, plan))

@@ -126,3 +126,39 @@ def test_close_wakes_a_waiter() -> None:
     w.close()
     waiter.join(30)
     assert result == [False]
+
+
+def test_rows_python_allocated_are_dropped_while_other_threads_read_the_window() -> None:
+    # Found by the rescale benchmark: a GetRows thread trimming acknowledged rows dropped
+    # NumPy-backed Arrow buffers (their release needs the GIL) while holding the window's
+    # lock, and the mapper's thread, holding the GIL, waited for that lock in snapshot():
+    # a deadlock. Every method taking the lock now releases the GIL first.
+    import numpy as np
+
+    w = Window(2, 1 << 30)
+    pushed = 2_000
+    for b in range(pushed):
+        values = np.arange(b * 64, (b + 1) * 64, dtype=np.int64)  # zero-copy from NumPy
+        routes = np.asarray(values % 2, dtype=np.int32)
+        w.push(pa.record_batch({"v": pa.array(values)}), pa.array(routes), (b + 1) * 64, b"")
+    done = threading.Event()
+
+    def acknowledge() -> None:  # frees the rows both reducers committed, entry by entry
+        committed = [-1, -1]
+        while committed != [pushed * 64 - 2, pushed * 64 - 1]:
+            for r in (0, 1):
+                count, last, _ = w.get_rows(r, committed[r], 64, 1 << 20)
+                if count:
+                    committed[r] = last
+        w.get_rows(0, committed[0], 0, 1)
+        w.get_rows(1, committed[1], 0, 1)
+        done.set()
+
+    thread = threading.Thread(target=acknowledge, daemon=True)
+    thread.start()
+    while not done.is_set() and thread.is_alive():
+        w.snapshot()
+        w.bucket_len(0)
+    thread.join(60)
+    assert done.is_set(), "the window deadlocked between a reader and a trimming thread"
+    assert w.snapshot().num_entries == 0
