@@ -124,7 +124,7 @@ def rescale(
                 finish_rescale(txn, plan)
                 return txn.write_size
 
-            # Idempotent: it checks the cut and writes the same records again.
+            # Idempotent: it checks the persisted states and writes the same records.
             handover = store.transact(hand_over, idempotent=True)
     finally:
         store.close()
@@ -142,12 +142,12 @@ def rescale(
 
 
 def _check_movable(processor: Processor) -> None:
-    """Refuse reducers whose state waits for rows after the cut or lives per reducer."""
+    """Refuse reducers whose state waits for later rows or lives per reducer."""
     if issubclass(processor.reducer, QueueReducer) or issubclass(processor.reducer, UsesWindows):
         raise ConfigurationError(
             f"{processor.reducer.__name__} cannot be rescaled: it keeps rows pending (or "
-            "window partials) per reducer until rows after the cut arrive, and a rescale "
-            "commits every row before the cut with the old reducers first. Rescale "
+            "window partials) per reducer until later rows arrive, and a rescale ends the "
+            "old reducers' run where no row is committed by some and not by others. Rescale "
             "reducers whose state is addressed by key (Transaction.add_many, set_many)"
         )
 
