@@ -7,8 +7,9 @@ every key's sum is checked against the producer's.
 
 Reported: the rescale's wall time and the rows its old reducers' run committed, the bytes
 its processes wrote to disk (gross and net, :mod:`bench.io_meter`; the producer's appends
-meanwhile are counted apart) against the bytes appended meanwhile, the handover transaction's size, and the time from the stop to the
-first commit of the new shape. Run::
+meanwhile are counted apart) against the bytes appended meanwhile, the handover
+transaction's size, and the time from the stop to the first commit of the new shape.
+Run::
 
     .venv/bin/python -m bench.rescale_stream --rate 62500 --reducers 2 --to 3
 
