@@ -22,7 +22,9 @@ from millstream.state import StoreTransaction, decode_int64
 from millstream.tuning import Tuning
 
 
-def reducer_of_key_groups(key_groups: pa.Array, num_reducers: int, num_key_groups: int) -> pa.Array:
+def _reducer_of_key_groups(
+    key_groups: pa.Array, num_reducers: int, num_key_groups: int
+) -> pa.Array:
     """The reducer (int32) owning each key group: reducer ``r`` owns the contiguous range
     :meth:`WorkerSpec.key_group_range` gives."""
     groups = key_groups.to_numpy(zero_copy_only=False).astype("int64")
@@ -145,7 +147,7 @@ class Partitioned:
             order, indices = _core.hash_partition_ordered(batch, keys, n)
             batch = batch.take(order)
         if not exact:
-            indices = reducer_of_key_groups(indices, num_reducers, key_groups)
+            indices = _reducer_of_key_groups(indices, num_reducers, key_groups)
         return cls(batch, indices)
 
     @classmethod

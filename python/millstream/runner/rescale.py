@@ -23,9 +23,9 @@ from millstream.ledger import (
     WorkerInfo,
     check_processor_info,
     list_workers,
-    read_mapper_state,
     read_processor_info,
     read_rescale,
+    summarize,
 )
 from millstream.ledger.rescale import begin_rescale, finish_rescale
 from millstream.processor import Processor
@@ -97,7 +97,8 @@ def rescale(
     store = processor.open_store()
     try:
         _check_stopped(store, processor)
-        info, before = store.transact(lambda txn: _begin(txn, processor), idempotent=True)
+        info = store.transact(lambda txn: _begin(txn, processor), idempotent=True)
+        before = summarize(store, info, 0, 0.0).rows_read
     finally:
         store.close()
     if info.num_reducers == processor.num_reducers:
@@ -116,7 +117,7 @@ def rescale(
     store = processor.open_store()
     try:
         plan = store.transact(read_rescale)
-        drained = _persisted(store, info.num_partitions) - before
+        drained = summarize(store, info, 0, 0.0).rows_read - before
         handover = 0
         if plan is not None:
 
@@ -181,15 +182,8 @@ def _check_stopped(store: Store, processor: Processor) -> None:
         )
 
 
-def _persisted(store: Store, num_partitions: int) -> int:
-    """Input rows persisted over every partition."""
-    with store.read() as txn:
-        return sum(read_mapper_state(txn, p).input_unread_row_index for p in range(num_partitions))
-
-
-def _begin(txn: StoreTransaction, processor: Processor) -> tuple[ProcessorInfo, int]:
-    """Record the rescale (or find it recorded): the stored processor and the input rows
-    persisted before the old reducers' run."""
+def _begin(txn: StoreTransaction, processor: Processor) -> ProcessorInfo:
+    """Record the rescale (or find it recorded); the stored processor."""
     info = read_processor_info(txn)
     if info is None:
         raise ConfigurationError(
@@ -197,9 +191,6 @@ def _begin(txn: StoreTransaction, processor: Processor) -> tuple[ProcessorInfo, 
             f"with num_reducers={processor.num_reducers} instead"
         )
     check_processor_info(txn, dataclasses.replace(processor.info, num_reducers=info.num_reducers))
-    if info.num_reducers == processor.num_reducers and read_rescale(txn) is None:
-        return info, 0
-    begin_rescale(txn, info, processor.num_reducers)
-    return info, sum(
-        read_mapper_state(txn, p).input_unread_row_index for p in range(info.num_partitions)
-    )
+    if info.num_reducers != processor.num_reducers or read_rescale(txn) is not None:
+        begin_rescale(txn, info, processor.num_reducers)
+    return info
