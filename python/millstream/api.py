@@ -366,6 +366,19 @@ class Reducer(ABC):
         reducer's ``drain`` committed.
         """
 
+    @classmethod  # noqa: B027 (optional hook; the default does nothing)
+    def on_rescale(cls, txn: Transaction, old_reducers: int, new_reducers: int) -> None:
+        """Called once when :func:`millstream.rescale` hands the processor from
+        ``old_reducers`` to ``new_reducers`` reducers, inside the transaction that hands
+        over (it commits with the new key-group ranges or not at all), after every old
+        reducer committed every row up to the same point.
+
+        Move here what the reducer keeps under its own index (``spec.index``) rather than
+        by key: reducer ``r``'s records to the new indices. State kept by key (written with
+        :meth:`Transaction.add_many` or :meth:`Transaction.set_many`, or under the key's
+        key group) needs nothing: the new owner of a key group finds it where it is.
+        """
+
     def on_commit(self) -> None:  # noqa: B027 (optional hook; the default does nothing)
         """Called after the transaction of the last :meth:`reduce` committed.
 

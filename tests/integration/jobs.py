@@ -256,6 +256,43 @@ def write_event_input(
     return root
 
 
+EVENT_DISORDER_MS = 5_000
+"""How far :func:`write_event_input`'s rows are out of order, at most."""
+
+_MINUTE_MS = 60_000
+
+EVENT_WINDOWS = ms.windows.Windows(
+    time="ts",
+    key="key",
+    size=_MINUTE_MS,
+    lateness=EVENT_DISORDER_MS,
+    aggregates={"n": (None, "count"), "total": ("value", "sum"), "high": ("value", "max")},
+    output="per-minute",
+)
+"""Tumbling minutes per key over :func:`write_event_input`'s rows, late by the disorder."""
+
+
+def expected_windows(root: Path) -> list[tuple[int, int, int, int, int]]:
+    """``(window_start, key, n, total, high)`` of :data:`EVENT_WINDOWS` over the rows
+    under ``root``, computed with pyarrow alone."""
+    rows = input_table(root)
+    ts = np.asarray(rows["ts"].to_numpy())
+    starts = pa.array((ts // _MINUTE_MS) * _MINUTE_MS)
+    table = rows.append_column(ms.windows.START, starts)
+    grouped = table.group_by([ms.windows.START, "key"]).aggregate(
+        [([], "count_all"), ("value", "sum"), ("value", "max")]
+    )
+    columns = [ms.windows.START, "key", "count_all", "value_sum", "value_max"]
+    return sorted(zip(*(grouped[c].to_pylist() for c in columns), strict=True))
+
+
+def written_windows(sink: Any) -> list[tuple[int, int, int, int, int]]:
+    """``(window_start, key, n, total, high)`` of every window a ParquetSink received."""
+    table = sink.read()
+    columns = [ms.windows.START, "key", "n", "total", "high"]
+    return sorted(zip(*(table[c].to_pylist() for c in columns), strict=True))
+
+
 FAST = ms.Tuning(
     batch_rows=3_000,
     commit_interval_seconds=0.05,

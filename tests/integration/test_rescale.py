@@ -1,7 +1,7 @@
 """Rescaling reducers: the keyed sum started with 2 reducers is rescaled to 3, then to 1,
 mid-stream, every run under kill -9: the sums are exact, every row after a rescale
 reaches the owner of its key group, and a rescale killed half-way finishes when run
-again."""
+again. The same for a windowed aggregation whose open windows' partials are stored."""
 
 from __future__ import annotations
 
@@ -17,13 +17,19 @@ import millstream as ms
 import pytest
 from chaos import RandomKiller
 from jobs import (
+    EVENT_DISORDER_MS,
+    EVENT_WINDOWS,
     KeyGroupSumReducer,
     SlowKeyedSumMapper,
+    SlowWindowMapper,
     expected_sums,
+    expected_windows,
     keyed_processor,
     read_output,
     tuning,
+    write_event_input,
     write_keyed_input,
+    written_windows,
 )
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import (
@@ -33,11 +39,13 @@ from millstream.ledger import (
     read_rescale,
     summarize,
 )
+from millstream.outputs import ParquetSink
 from millstream.runner.local import LocalRunner
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ROWS = 60_000
+WINDOW_ROWS = 120_000
 
 JOB = """
 import os
@@ -206,3 +214,44 @@ def test_a_rescale_refuses_more_reducers_than_key_groups(tmp_path: Path) -> None
     ms.run_local(processor)
     with pytest.raises(ConfigurationError, match="key_groups"):
         dataclasses.replace(processor, num_reducers=5)
+
+
+def _window_processor(data: Path, state: Path, sink: ParquetSink, reducers: int) -> ms.Processor:
+    return ms.Processor(
+        mapper=SlowWindowMapper,
+        reducer=ms.windows.WindowReducer,
+        input=ms.inputs.ParquetLog(str(data)),
+        store=f"sqlite:///{state}",
+        name="windows",
+        num_reducers=reducers,
+        config={"windows": EVENT_WINDOWS, "map_seconds": 0.08},
+        outputs=[sink],
+        tuning=tuning(batch_rows=500, commit_interval_seconds=0.1),
+    )
+
+
+def test_rescaling_a_window_aggregation_2_to_3_to_1_under_kill_9_is_exact(
+    tmp_path: Path,
+) -> None:
+    """Tumbling minutes per key, stored partials: every window is emitted once, with every
+    row, though its key group changed owner twice while it was open."""
+    data = write_event_input(tmp_path / "in", WINDOW_ROWS, disorder_ms=EVENT_DISORDER_MS)
+    state = tmp_path / "state.db"
+    sink = ParquetSink(f"sqlite:///{state}", "per-minute", str(tmp_path / "out"))
+    _run_under_chaos_until(_window_processor(data, state, sink, 2), WINDOW_ROWS // 5, seed=3)
+
+    summary = ms.rescale(_window_processor(data, state, sink, 3))
+    print(summary)
+    assert (summary.old_reducers, summary.new_reducers) == (2, 3)
+    _run_under_chaos_until(_window_processor(data, state, sink, 3), 3 * WINDOW_ROWS // 5, seed=4)
+
+    print(ms.rescale(_window_processor(data, state, sink, 1)))
+    one = _window_processor(data, state, sink, 1)
+    runner = LocalRunner(one)
+    runner.start()
+    with RandomKiller(runner, seed=5, max_kills=6) as killer:
+        runner.wait(timeout=300)
+    print(f"1 reducer: killed {killer.kills}")
+    assert _rows_reduced(one) == WINDOW_ROWS
+    assert ms.windows.late_rows(one) == 0
+    assert written_windows(sink) == expected_windows(data)

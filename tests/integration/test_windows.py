@@ -8,62 +8,17 @@ from pathlib import Path
 import millstream as ms
 import pytest
 from chaos import RandomKiller
-from jobs import SlowWindowMapper, input_table, tuning, write_event_input
+from jobs import (
+    EVENT_DISORDER_MS,
+    EVENT_WINDOWS,
+    SlowWindowMapper,
+    expected_windows,
+    tuning,
+    write_event_input,
+    written_windows,
+)
 from millstream.outputs import ParquetSink
 from millstream.runner.local import LocalRunner
-
-MINUTE = 60_000
-DISORDER = 5_000
-
-WINDOWS = ms.windows.Windows(
-    time="ts",
-    key="key",
-    size=MINUTE,
-    lateness=DISORDER,
-    aggregates={"n": (None, "count"), "total": ("value", "sum"), "high": ("value", "max")},
-    output="per-minute",
-)
-
-
-def _expected(data: Path) -> list[tuple[int, int, int, int, int]]:
-    rows = input_table(data)
-    starts = ms.windows.START
-    table = rows.append_column(starts, pa_floor(rows["ts"]))
-    grouped = table.group_by([starts, "key"]).aggregate(
-        [([], "count_all"), ("value", "sum"), ("value", "max")]
-    )
-    return sorted(
-        zip(
-            grouped[starts].to_pylist(),
-            grouped["key"].to_pylist(),
-            grouped["count_all"].to_pylist(),
-            grouped["value_sum"].to_pylist(),
-            grouped["value_max"].to_pylist(),
-            strict=True,
-        )
-    )
-
-
-def pa_floor(ts: object) -> object:
-    import numpy as np
-    import pyarrow as pa
-
-    values = np.asarray(ts.to_numpy())  # type: ignore[attr-defined]
-    return pa.array((values // MINUTE) * MINUTE)
-
-
-def _got(sink: ParquetSink) -> list[tuple[int, int, int, int, int]]:
-    table = sink.read()
-    return sorted(
-        zip(
-            table[ms.windows.START].to_pylist(),
-            table["key"].to_pylist(),
-            table["n"].to_pylist(),
-            table["total"].to_pylist(),
-            table["high"].to_pylist(),
-            strict=True,
-        )
-    )
 
 
 @pytest.mark.parametrize(
@@ -79,7 +34,7 @@ def _got(sink: ParquetSink) -> list[tuple[int, int, int, int, int]]:
 def test_tumbling_windows_are_exact_under_kill_9(
     tmp_path: Path, reducer: type[ms.Reducer], seed: int
 ) -> None:
-    data = write_event_input(tmp_path / "in", 200_000, disorder_ms=DISORDER)
+    data = write_event_input(tmp_path / "in", 200_000, disorder_ms=EVENT_DISORDER_MS)
     state = tmp_path / "state.db"
     sink = ParquetSink(f"sqlite:///{state}", "per-minute", str(tmp_path / "out"))
     processor = ms.Processor(
@@ -88,7 +43,7 @@ def test_tumbling_windows_are_exact_under_kill_9(
         input=ms.inputs.ParquetLog(str(data)),
         store=f"sqlite:///{state}",
         num_reducers=2,
-        config={"windows": WINDOWS, "map_seconds": 0.04},
+        config={"windows": EVENT_WINDOWS, "map_seconds": 0.04},
         outputs=[sink],
         tuning=tuning(
             batch_rows=2_000,
@@ -102,5 +57,5 @@ def test_tumbling_windows_are_exact_under_kill_9(
         runner.wait(timeout=300)
     assert killer.kills, "the killer never found a live process"
     assert ms.windows.late_rows(processor) == 0
-    assert _got(sink) == _expected(data)
+    assert written_windows(sink) == expected_windows(data)
     print(f"seed {seed}: killed {killer.kills}; {len(sink.recorded())} files")

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from millstream.api import Transaction
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import (
     ProcessorInfo,
@@ -32,7 +33,6 @@ from millstream.processor import Processor
 from millstream.queue_reducer import QueueReducer
 from millstream.runner.local import LocalRunner
 from millstream.state import Store, StoreTransaction
-from millstream.windows.spec import UsesWindows
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def rescale(
     Raises:
         ConfigurationError: Workers of the processor are alive, the store holds no or
             another processor, the new count exceeds its key groups, or its reducer keeps
-            state a rescale cannot move (persistent-queue and window reducers).
+            rows pending (a :class:`~millstream.QueueReducer`).
         TimeoutError: The drain did not finish within ``timeout``.
     """
     started = time.monotonic()
@@ -122,10 +122,15 @@ def rescale(
         if plan is not None:
 
             def hand_over(txn: StoreTransaction) -> int:
+                stored = read_processor_info(txn)
+                if stored is None or read_rescale(txn) is None:
+                    return 0  # a commit whose outcome was unknown handed over already
                 finish_rescale(txn, plan)
+                processor.reducer.on_rescale(
+                    Transaction(txn), stored.num_reducers, plan.num_reducers
+                )
                 return txn.write_size
 
-            # Idempotent: it checks the persisted states and writes the same records.
             handover = store.transact(hand_over, idempotent=True)
     finally:
         store.close()
@@ -143,13 +148,16 @@ def rescale(
 
 
 def _check_movable(processor: Processor) -> None:
-    """Refuse reducers whose state waits for later rows or lives per reducer."""
-    if issubclass(processor.reducer, QueueReducer) or issubclass(processor.reducer, UsesWindows):
+    """Refuse reducers that keep rows pending: a rescale needs a point up to which every
+    old reducer committed every row."""
+    if issubclass(processor.reducer, QueueReducer):
         raise ConfigurationError(
-            f"{processor.reducer.__name__} cannot be rescaled: it keeps rows pending (or "
-            "window partials) per reducer until later rows arrive, and a rescale ends the "
-            "old reducers' run where no row is committed by some and not by others. Rescale "
-            "reducers whose state is addressed by key (Transaction.add_many, set_many)"
+            f"{processor.reducer.__name__} cannot be rescaled: it is a QueueReducer, whose "
+            "pending rows stay uncommitted until later rows arrive, so its reducers never "
+            "reach a point up to which all of them committed every row, which a rescale "
+            "needs (the rows after it are numbered afresh for the new reducers). Start "
+            "the processor with the new count under a new name instead, or use a reducer "
+            "that commits what it reads (WindowReducer rather than PendingWindowReducer)"
         )
 
 

@@ -37,7 +37,9 @@ class WindowMapper(Mapper, UsesWindows):
         table = self.prepare(batch)
         partials, latest, kind = combine(table, windows, plan)
         reducers = self.spec.num_reducers
-        shuffled = Partitioned.by_hash(partials, key=plan.key, num_reducers=reducers)
+        shuffled = Partitioned.by_hash(
+            partials, key=plan.key, num_reducers=reducers, key_groups=self.spec.key_groups
+        )
         rows = pa.Table.from_batches([shuffled.batch])
         rows = rows.append_column(MAPPER, pa.nulls(rows.num_rows, pa.int32()))
         rows = rows.append_column(WATERMARK, pa.nulls(rows.num_rows, kind))

@@ -1,13 +1,17 @@
 """The windowed aggregation's reducer: merges partials of open windows, follows the
 watermark, emits each window once when it closes.
 
-State, kept in memory and written in every commit (under the reducer's own keys of the
-output keyspace, so it commits with the reducer's indices or not at all):
+State, kept in memory and written in every commit (in the output keyspace, so it commits
+with the reducer's indices or not at all):
 
-- ``("~windows", r, "partial", window_start, key)``: the partials of an open window, as one
-  fixed-width value (:func:`~millstream.windows.partials.encode`); only the keys a batch
-  changed are written, and a window's keys are cleared when it is emitted;
-- ``("~windows", r, "watermarks")``: the latest event time each mapper reported;
+- ``("~windows", "partial", g, window_start, key)``: the partials of an open window, as one
+  fixed-width value (:func:`~millstream.windows.partials.encode`), under the key's key group
+  ``g``: a reducer reads and writes only its own key groups, and a rescale, which hands
+  whole key groups to other reducers, moves none of them. Only the keys a batch changed
+  are written, and a window's keys are cleared when it is emitted;
+- ``("~windows", r, "watermarks")``: the latest event time each mapper reported (reducer
+  ``r``'s own: every reducer gets every watermark row);
+- ``("~windows", r, "closed")``: the watermark windows were last closed at;
 - ``("~windows", r, "schema")``: the partial table's schema and the time column's type;
 - ``("~windows", r, "late")``: rows dropped because their window had been emitted.
 
@@ -24,10 +28,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream.api import Reducer, Transaction
+from millstream.exceptions import ConfigurationError
 from millstream.ledger import OUTPUT
 from millstream.state.keys import decode_int64, pack, unpack
 from millstream.windows.mapper import MAPPER, WATERMARK
-from millstream.windows.partials import START, Plan, decode, encode, finish, merge
+from millstream.windows.partials import (
+    START,
+    Plan,
+    decode,
+    encode,
+    finish,
+    key_groups_of,
+    merge,
+)
 from millstream.windows.spec import UsesWindows
 
 if TYPE_CHECKING:
@@ -36,6 +49,16 @@ if TYPE_CHECKING:
 _NO_TIME = -(2**63)
 _END_OF_TIME = 2**62
 """The watermark once every mapper drained: past every window (and still adds safely)."""
+
+
+def _partials(*rest: object) -> tuple[object, ...]:
+    """Where open windows' partials are, by key group: ``(g, window_start, key)`` follow."""
+    return ("~windows", "partial", *rest)
+
+
+def _own(reducer: int, *rest: object) -> tuple[object, ...]:
+    """Reducer ``reducer``'s own records."""
+    return ("~windows", reducer, *rest)
 
 
 class _State:
@@ -74,7 +97,7 @@ class WindowReducer(Reducer, UsesWindows):
         self.late_rows = 0
 
     def _space(self, *rest: object) -> tuple[object, ...]:
-        return ("~windows", self.spec.index, *rest)
+        return _own(self.spec.index, *rest)
 
     # -- the store copy ----------------------------------------------------------------------
 
@@ -89,12 +112,18 @@ class WindowReducer(Reducer, UsesWindows):
         schema = pa.ipc.read_schema(pa.py_buffer(schema_raw))
         kind = schema.field(WATERMARK).type
         partial_schema = pa.schema([f for f in schema if f.name != WATERMARK])
-        rows = txn.get_range(self._space("partial"))
+        rows = [row for g in self.spec.key_group_range for row in txn.get_range(_partials(g))]
+        # An earlier layout kept the partials under the reducer's index: move them.
+        legacy = txn.get_range(self._space("partial"))
+        rows += legacy
         if rows:
             starts = pa.array([int(key[-2]) for key, _ in rows], pa.int64())
             keys = pa.array([key[-1] for key, _ in rows], partial_schema.field(plan.key).type)
             columns = {START: starts, plan.key: keys, **decode([v for _, v in rows], schema, plan)}
             open_ = pa.table(columns, schema=partial_schema)
+            if legacy:
+                txn.clear_prefix(self._space("partial"))
+                self._write_partials(txn, open_, plan)
         else:
             open_ = partial_schema.empty_table()
         return _State(open_, {int(m): int(t) for m, t in marks.items()}, kind, closed)
@@ -151,8 +180,7 @@ class WindowReducer(Reducer, UsesWindows):
         still_open = merged.filter(pc.invert(closing))
         if done.num_rows:
             self._emit(txn, finish(done, windows, plan, kind))
-            for start in pc.unique(done[START]).to_pylist():
-                txn.clear_prefix(self._space("partial", start))
+            self._clear_partials(txn, done, plan)
         changed = still_open
         if partials.num_rows:
             touched = partials.select([START, plan.key])
@@ -175,14 +203,35 @@ class WindowReducer(Reducer, UsesWindows):
         self._pending = _State(still_open, marks, kind, watermark)
         self.late_rows += late
 
+    def _by_group(
+        self, table: pa.Table, plan: Plan
+    ) -> tuple[pa.Table, list[tuple[int, int, int, int]]]:
+        """``table`` ordered by key group and window, and its runs: ``(g, window_start,
+        first row, end)``."""
+        groups = key_groups_of(table, plan, self.spec.key_groups)
+        starts = np.asarray(table[START].to_numpy(), dtype=np.int64)
+        order = np.lexsort((starts, groups))
+        groups, starts = groups[order], starts[order]
+        edges = np.flatnonzero((np.diff(groups) != 0) | (np.diff(starts) != 0)) + 1
+        firsts = [0, *edges.tolist()]
+        ends = [*edges.tolist(), len(groups)]
+        runs = [(int(groups[a]), int(starts[a]), a, b) for a, b in zip(firsts, ends, strict=True)]
+        return table.take(pa.array(order)), runs
+
     def _write_partials(self, txn: Transaction, table: pa.Table, plan: Plan) -> None:
         if not table.num_rows:
             return
-        for start in pc.unique(table[START]).to_pylist():
-            rows = table.filter(pc.equal(table[START], start))
-            txn.set_many(
-                self._space("partial", start), rows[plan.key].combine_chunks(), encode(rows, plan)
-            )
+        ordered, runs = self._by_group(table, plan)
+        keys = ordered[plan.key].combine_chunks()
+        values = encode(ordered, plan)
+        for g, start, a, b in runs:
+            txn.set_many(_partials(g, start), keys.slice(a, b - a), values.slice(a, b - a))
+
+    def _clear_partials(self, txn: Transaction, table: pa.Table, plan: Plan) -> None:
+        """Delete the stored partials of ``table``'s windows (each run of one key group
+        and window at once)."""
+        for g, start, _, _ in self._by_group(table, plan)[1]:
+            txn.clear_prefix(_partials(g, start))
 
     def _watermark(self, marks: dict[int, int]) -> int | None:
         """The smallest latest event time over the mappers that may still send rows (None
@@ -201,6 +250,50 @@ class WindowReducer(Reducer, UsesWindows):
         if self._pending is not None:
             self._state, self._pending = self._pending, None
 
+    @classmethod
+    def on_rescale(cls, txn: Transaction, old_reducers: int, new_reducers: int) -> None:
+        """Give every new reducer the watermarks the old ones had (per mapper the smallest,
+        which every old reducer had reached) and the latest watermark any of them closed
+        windows at (a window one of them emitted stays emitted); the late-row counts go to
+        reducer 0. The partials stay where they are, under their key groups.
+
+        Raises:
+            ConfigurationError: Partials are still stored per reducer (an earlier layout).
+        """
+        if any(txn.get_range(_own(r, "partial"), limit=1) for r in range(old_reducers)):
+            raise ConfigurationError(
+                "this processor's window partials are stored per reducer, as an earlier "
+                "release kept them: start the processor once with this release (its "
+                "reducers move them under their key groups), stop it, then rescale"
+            )
+        marks: dict[int, int] = {}
+        closed: int | None = None
+        schema: bytes | None = None
+        late = 0
+        for r in range(old_reducers):
+            raw = txn.get(_own(r, "watermarks"))
+            pairs = () if raw is None else unpack(raw)
+            for m, t in zip(pairs[::2], pairs[1::2], strict=True):
+                marks[int(m)] = min(marks.get(int(m), int(t)), int(t))
+            raw = txn.get(_own(r, "closed"))
+            if raw is not None:
+                closed = max(int(unpack(raw)[0]), _NO_TIME if closed is None else closed)
+            schema = schema or txn.get(_own(r, "schema"))
+            late += txn.get_int(_own(r, "late"))
+            txn.clear_prefix(_own(r))
+        for r in range(new_reducers):
+            if marks:
+                txn.set(
+                    _own(r, "watermarks"),
+                    pack(tuple(v for m in sorted(marks) for v in (m, marks[m]))),
+                )
+            if closed is not None:
+                txn.set(_own(r, "closed"), pack((closed,)))
+            if schema is not None:
+                txn.set(_own(r, "schema"), schema)
+        if late:
+            txn.add(_own(0, "late"), late)
+
     def drain(self, txn: Transaction) -> None:
         """The end of input closes every window still open."""
         windows = self.windows
@@ -208,7 +301,8 @@ class WindowReducer(Reducer, UsesWindows):
         state = self._current(txn, plan)
         if state.open is not None and state.open.num_rows and state.kind is not None:
             self._emit(txn, finish(state.open, windows, plan, state.kind))
-            txn.clear_prefix(self._space("partial"))
+            for g in self.spec.key_group_range:
+                txn.clear_prefix(_partials(g))
         txn.set(self._space("closed"), pack((_END_OF_TIME,)))
         self._pending = _State(
             None if state.open is None else state.open.slice(0, 0),
@@ -223,7 +317,7 @@ def late_rows(processor: Processor) -> int:
     store = processor.open_store()
     try:
         with store.read() as txn:
-            raw = [txn.get((*OUTPUT, "~windows", r, "late")) for r in range(processor.num_reducers)]
+            raw = [txn.get((*OUTPUT, *_own(r, "late"))) for r in range(processor.num_reducers)]
     finally:
         store.close()
     return sum(decode_int64(value) for value in raw if value is not None)

@@ -55,6 +55,22 @@ def test_pack_round_trips(key: tuple[object, ...]) -> None:
     assert unpack(pack(key)) == key
 
 
+_ELEMENTS = (
+    st.integers(min_value=-(2**70), max_value=2**70)
+    | st.text()
+    | st.binary()
+    | st.booleans()
+    | st.none()
+    | st.floats(allow_nan=False)
+)
+
+
+@given(st.lists(_ELEMENTS | st.tuples(_ELEMENTS), max_size=6).map(tuple))
+def test_pack_matches_fdb(key: tuple[object, ...]) -> None:
+    """The fast path (ints, strings, bytes) and the fallback give fdb.tuple's bytes."""
+    assert pack(key) == fdb.tuple.pack(key)
+
+
 @given(st.integers(min_value=-(2**70), max_value=2**70))
 def test_int64_values_wrap_like_fdb_add(value: int) -> None:
     wrapped = wrap_int64(value)
