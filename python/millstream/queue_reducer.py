@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from millstream.api import Reducer, Transaction
+from millstream.exceptions import ConfigurationError
 
 
 class PendingRows:
@@ -133,6 +134,29 @@ class QueueReducer(Reducer):
     def process(self, pending: PendingRows, txn: Transaction) -> None:
         """Look at the pending rows, write what is done through ``txn``, and finish the
         rows it covers."""
+
+    def hand_over(self, pending: PendingRows, txn: Transaction) -> None:
+        """Called instead of :meth:`process` during a rescale (:func:`millstream.rescale`)
+        once every row up to where the old reducers stop is pending here or finished (their
+        run's inputs end there, and :attr:`PendingRows.ended_mappers` is hidden from
+        :meth:`process` until then): store through ``txn`` what the pending rows stand for,
+        addressed by key group so that each key group's new owner finds it (see
+        :class:`~millstream.windows.PendingWindowReducer`), and finish every row; the
+        reducer's :meth:`~millstream.Reducer.on_rescale` hands over what it keeps under its
+        index. Not overriding it makes the reducer refuse rescales.
+
+        Raises:
+            ConfigurationError: The reducer does not override it.
+        """
+        raise ConfigurationError(
+            f"{type(self).__name__} cannot be rescaled: it keeps rows pending and does not "
+            "override QueueReducer.hand_over, which stores them for their new owners"
+        )
+
+    @classmethod
+    def can_hand_over(cls) -> bool:
+        """Whether the reducer overrides :meth:`hand_over` (and so can be rescaled)."""
+        return cls.hand_over is not QueueReducer.hand_over
 
     def reduce(self, batch: pa.RecordBatch, txn: Transaction) -> None:
         """Not used: a queue reducer's rows go to :meth:`process`."""

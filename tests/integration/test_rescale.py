@@ -196,12 +196,17 @@ def test_rescaling_2_to_3_to_1_reducers_mid_stream_under_kill_9_is_exact(tmp_pat
     assert read_output(one, "misrouted") == {}
 
 
-def test_a_rescale_refuses_reducers_that_keep_rows_pending(tmp_path: Path) -> None:
+class _KeepsRowsPending(ms.QueueReducer):
+    """A queue reducer that does not say how to store its pending rows."""
+
+    def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
+        pending.finish_all()
+
+
+def test_a_rescale_refuses_queue_reducers_that_cannot_hand_over(tmp_path: Path) -> None:
     data = write_keyed_input(tmp_path / "in", 2_000, partitions=2)
-    processor = keyed_processor(
-        data, tmp_path / "state.db", reducer=ms.windows.PendingWindowReducer
-    )
-    with pytest.raises(ConfigurationError, match="cannot be rescaled"):
+    processor = keyed_processor(data, tmp_path / "state.db", reducer=_KeepsRowsPending)
+    with pytest.raises(ConfigurationError, match=r"does not override QueueReducer\.hand_over"):
         ms.rescale(processor)
 
 
@@ -216,10 +221,12 @@ def test_a_rescale_refuses_more_reducers_than_key_groups(tmp_path: Path) -> None
         dataclasses.replace(processor, num_reducers=5)
 
 
-def _window_processor(data: Path, state: Path, sink: ParquetSink, reducers: int) -> ms.Processor:
+def _window_processor(
+    data: Path, state: Path, sink: ParquetSink, reducers: int, reducer: type[ms.Reducer]
+) -> ms.Processor:
     return ms.Processor(
         mapper=SlowWindowMapper,
-        reducer=ms.windows.WindowReducer,
+        reducer=reducer,
         input=ms.inputs.ParquetLog(str(data)),
         store=f"sqlite:///{state}",
         name="windows",
@@ -230,23 +237,33 @@ def _window_processor(data: Path, state: Path, sink: ParquetSink, reducers: int)
     )
 
 
+@pytest.mark.parametrize(
+    "reducer",
+    [ms.windows.WindowReducer, ms.windows.PendingWindowReducer],
+    ids=["stored", "pending"],
+)
 def test_rescaling_a_window_aggregation_2_to_3_to_1_under_kill_9_is_exact(
-    tmp_path: Path,
+    tmp_path: Path, reducer: type[ms.Reducer]
 ) -> None:
-    """Tumbling minutes per key, stored partials: every window is emitted once, with every
-    row, though its key group changed owner twice while it was open."""
+    """Tumbling minutes per key, open windows' partials stored (or pending in the mappers,
+    stored by key group at each rescale): every window is emitted once, with every row,
+    though its key group changed owner twice while it was open."""
     data = write_event_input(tmp_path / "in", WINDOW_ROWS, disorder_ms=EVENT_DISORDER_MS)
     state = tmp_path / "state.db"
     sink = ParquetSink(f"sqlite:///{state}", "per-minute", str(tmp_path / "out"))
-    _run_under_chaos_until(_window_processor(data, state, sink, 2), WINDOW_ROWS // 5, seed=3)
+    _run_under_chaos_until(
+        _window_processor(data, state, sink, 2, reducer), WINDOW_ROWS // 5, seed=3
+    )
 
-    summary = ms.rescale(_window_processor(data, state, sink, 3))
+    summary = ms.rescale(_window_processor(data, state, sink, 3, reducer))
     print(summary)
     assert (summary.old_reducers, summary.new_reducers) == (2, 3)
-    _run_under_chaos_until(_window_processor(data, state, sink, 3), 3 * WINDOW_ROWS // 5, seed=4)
+    _run_under_chaos_until(
+        _window_processor(data, state, sink, 3, reducer), 3 * WINDOW_ROWS // 5, seed=4
+    )
 
-    print(ms.rescale(_window_processor(data, state, sink, 1)))
-    one = _window_processor(data, state, sink, 1)
+    print(ms.rescale(_window_processor(data, state, sink, 1, reducer)))
+    one = _window_processor(data, state, sink, 1, reducer)
     runner = LocalRunner(one)
     runner.start()
     with RandomKiller(runner, seed=5, max_kills=6) as killer:

@@ -202,6 +202,12 @@ class SimQueueReducer(ms.QueueReducer):
     of the rows the commit finishes only. Rows left pending come again; a finished row's
     effect must be applied exactly once whatever fails."""
 
+    def hand_over(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
+        """A rescale: every pending row's effect is applied now, by its old owner (what
+        the rows stand for needs no new owner)."""
+        pending.finish_all()
+        apply_effects(pending.rows["mapper"], pending.rows["items"], txn, self.config)
+
     def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
         rows = pending.rows
         if len(pending.ended_mappers) == self.spec.num_partitions:
@@ -1005,6 +1011,7 @@ class Simulation:
         self.net = SimNetwork(self)
         self.mappers: list[list[MapperInstance]] = [[] for _ in range(self.M)]
         self.reducers: list[list[ReducerInstance]] = [[] for _ in range(self.R)]
+        self._rescaling = False
         self.bound: dict[str, MapperInstance] = {}
         self.hosts = 0
         self.guids = itertools.count(1)
@@ -1118,6 +1125,8 @@ class Simulation:
             clock=self.clock,
             guid=self.next_guid("reducer", r),
         )
+        # As ReducerWorker.run finds it in the store: the old shape's run of a rescale.
+        worker.rescaling = self._rescaling
         if not duplicate:
             self.reducers[r].clear()
         self.reducers[r].append(ReducerInstance(worker))
@@ -1474,7 +1483,7 @@ class Simulation:
         """Stop everything, rescale to ``num_reducers`` (:mod:`millstream.ledger.rescale`):
         fresh workers of the old shape commit every row up to the cut, faults off, then
         one transaction hands over and workers of the new shape start."""
-        if self.config.queue or self.config.at_least_once or num_reducers == self.R:
+        if self.config.at_least_once or num_reducers == self.R:
             return
         self._faults_off()
         self.net.late.clear()
@@ -1491,8 +1500,10 @@ class Simulation:
         self.note(f"rescale to {num_reducers} reducers: old reducers commit up to {plan.committed}")
         for m in range(self.M):
             self.start_mapper(m)
+        self._rescaling = True
         for r in range(self.R):
             self.start_reducer(r)
+        self._rescaling = False
         for _ in range(200):
             for m in range(self.M):
                 for inst in list(self.mappers[m]):
@@ -1508,7 +1519,13 @@ class Simulation:
         for insts in self.mappers:
             for inst in insts:
                 inst.worker.mark_drained()
-        self.raw.transact(lambda txn: finish_rescale(txn, plan))
+
+        def hand_over(txn: Any) -> None:
+            old = self.R
+            finish_rescale(txn, plan)
+            self.processor.reducer.on_rescale(ms.Transaction(txn), old, num_reducers)
+
+        self.raw.transact(hand_over)
         _, mstates, _ = self.read_store()
         for m in range(self.M):
             for inst in list(self.mappers[m]):

@@ -89,7 +89,8 @@ def rescale(
     Raises:
         ConfigurationError: Workers of the processor are alive, the store holds no or
             another processor, the new count exceeds its key groups, or its reducer keeps
-            rows pending (a :class:`~millstream.QueueReducer`).
+            rows pending without storing them for a rescale (a
+            :class:`~millstream.QueueReducer` without ``hand_over``).
         TimeoutError: The drain did not finish within ``timeout``.
     """
     started = time.monotonic()
@@ -148,16 +149,16 @@ def rescale(
 
 
 def _check_movable(processor: Processor) -> None:
-    """Refuse reducers that keep rows pending: a rescale needs a point up to which every
-    old reducer committed every row."""
-    if issubclass(processor.reducer, QueueReducer):
+    """Refuse queue reducers that cannot store their pending rows for the new owners: a
+    rescale needs a point up to which every old reducer finished every row."""
+    reducer = processor.reducer
+    if issubclass(reducer, QueueReducer) and not reducer.can_hand_over():
         raise ConfigurationError(
-            f"{processor.reducer.__name__} cannot be rescaled: it is a QueueReducer, whose "
-            "pending rows stay uncommitted until later rows arrive, so its reducers never "
-            "reach a point up to which all of them committed every row, which a rescale "
-            "needs (the rows after it are numbered afresh for the new reducers). Start "
-            "the processor with the new count under a new name instead, or use a reducer "
-            "that commits what it reads (WindowReducer rather than PendingWindowReducer)"
+            f"{reducer.__name__} cannot be rescaled: it is a QueueReducer, whose pending "
+            "rows stay unfinished until later rows arrive, and it does not override "
+            "QueueReducer.hand_over, which a rescale calls to store them, by key group, "
+            "for their new owners (PendingWindowReducer does). Override it, or start the "
+            "processor with the new count under a new name"
         )
 
 

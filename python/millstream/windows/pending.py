@@ -12,6 +12,12 @@ two small records under the reducer's own keys of the output keyspace:
 - ``("~windows", r, "watermarks")``: the latest event time each mapper reported, since the
   watermark rows that told it are finished.
 
+A rescale (:func:`millstream.rescale`) ends the old reducers' run where every row up to
+one point is finished: there the pending partials of open windows are merged and stored
+under their keys' key groups (:mod:`millstream.windows.stored`), with
+``("~windows", r, "stored")`` listing their windows; the key group's new owner merges them
+into the window when it closes.
+
 Compared with :class:`~millstream.windows.WindowReducer`, which writes the partials of
 every open window a batch changes with every commit, this writes the results and nothing
 else; the price is memory in the mappers: about one window (plus the lateness) of
@@ -29,9 +35,11 @@ import pyarrow.compute as pc
 from millstream.api import Transaction
 from millstream.queue_reducer import PendingRows, QueueReducer
 from millstream.state.keys import pack, unpack
+from millstream.windows import stored
 from millstream.windows.mapper import MAPPER, WATERMARK
 from millstream.windows.partials import START, Plan, finish, merge
 from millstream.windows.spec import UsesWindows
+from millstream.windows.stored import own_key, partials_key
 
 _END_OF_TIME = 2**62
 """The watermark once every mapper's input ended: past every window."""
@@ -48,7 +56,30 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
     """
 
     def _space(self, *rest: object) -> tuple[object, ...]:
-        return ("~windows", self.spec.index, *rest)
+        return own_key(self.spec.index, *rest)
+
+    def _stored_windows(self, txn: Transaction) -> set[int]:
+        """Windows with partials a rescale stored (``window_start``)."""
+        raw = txn.get(self._space("stored"))
+        return {int(s) for s in (() if raw is None else unpack(raw))}
+
+    def _read_stored(self, txn: Transaction, starts: list[int], plan: Plan) -> pa.Table | None:
+        """The stored partials of windows ``starts`` in this reducer's key groups."""
+        schema = stored.read_schema(txn, self.spec.index)
+        if schema is None or not starts:
+            return None
+        prefixes = [partials_key(g, s) for g in self.spec.key_group_range for s in starts]
+        return stored.read(txn, prefixes, plan, schema)
+
+    def _forget_stored(self, txn: Transaction, starts: list[int], kept: set[int]) -> None:
+        """Delete the stored partials of windows ``starts`` (emitted); ``kept`` stay."""
+        for g in self.spec.key_group_range:
+            for s in starts:
+                txn.clear_prefix(partials_key(g, s))
+        if kept:
+            txn.set(self._space("stored"), pack(tuple(sorted(kept))))
+        else:
+            txn.clear(self._space("stored"))
 
     def process(self, pending: PendingRows, txn: Transaction) -> None:
         table = pending.rows
@@ -84,10 +115,21 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
             )
         mask = done | is_mark.to_numpy(zero_copy_only=False)
         finished = pending.finish(mask)
-        if fresh.any():
-            closing = table.filter(pa.array(fresh)).drop_columns([MAPPER, WATERMARK])
-            txn.emit(windows.output, finish(merge([closing], plan), windows, plan, kind))
-        if fresh.any() or pc.any(finished).as_py():
+        waiting = self._stored_windows(txn)
+        reached = sorted(
+            s for s in waiting if watermark is not None and s + size + lateness <= watermark
+        )
+        if fresh.any() or reached:
+            closing = [table.filter(pa.array(fresh)).drop_columns([MAPPER, WATERMARK])]
+            earlier = self._read_stored(txn, reached, plan)
+            if earlier is not None and earlier.num_rows:
+                closing.append(earlier)
+            merged = merge(closing, plan)
+            if merged.num_rows:
+                txn.emit(windows.output, finish(merged, windows, plan, kind))
+            if reached:
+                self._forget_stored(txn, reached, waiting.difference(reached))
+        if fresh.any() or reached or pc.any(finished).as_py():
             # A stored watermark is one of a finished row: every row of its mapper before it
             # is finished, so a new instance that has not fetched the pending rows yet
             # cannot go by a watermark of rows it has not seen.
@@ -98,6 +140,62 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
             )
             if watermark is not None and watermark != closed:
                 txn.set(self._space("closed"), pack((watermark,)))
+
+    def hand_over(self, pending: PendingRows, txn: Transaction) -> None:
+        """Store the pending partials of open windows under their key groups (merged with
+        any a rescale stored before), with the watermarks and the windows they belong to,
+        and finish every pending row."""
+        table = pending.rows
+        if table.num_rows:
+            windows = self.windows
+            plan = Plan.of(windows)
+            kind = table.schema.field(WATERMARK).type
+            size, _, lateness = windows.ticks(kind)
+            closed = stored.read_int(txn, self._space("closed"))
+            is_mark = pc.is_valid(table[MAPPER]).combine_chunks()
+            marks = _latest(
+                table.filter(is_mark), stored.read_marks(txn, self._space("watermarks"))
+            )
+            partials = table.filter(pc.invert(is_mark)).drop_columns([MAPPER, WATERMARK])
+            if closed is not None and partials.num_rows:  # emitted already
+                partials = partials.filter(
+                    pc.greater(pc.add(partials[START], size + lateness), closed)
+                )
+            waiting = self._stored_windows(txn)
+            if partials.num_rows:
+                starts = set(pc.unique(partials[START]).to_pylist())
+                txn.set(
+                    self._space("schema"),
+                    partials.schema.append(pa.field(WATERMARK, kind)).serialize().to_pybytes(),
+                )
+                parts = [partials]
+                earlier = self._read_stored(txn, sorted(starts & waiting), plan)
+                if earlier is not None and earlier.num_rows:
+                    parts.append(earlier)
+                stored.write(txn, merge(parts, plan), plan, self.spec.key_groups)
+                txn.set(self._space("stored"), pack(tuple(sorted(waiting | starts))))
+            txn.set(self._space("watermarks"), stored.pack_marks(marks))
+        pending.finish_all()
+
+    def drain(self, txn: Transaction) -> None:
+        """The end of input: emit the windows whose partials a rescale stored and that
+        closed with no pending row left to close them."""
+        waiting = sorted(self._stored_windows(txn))
+        earlier = self._read_stored(txn, waiting, Plan.of(self.windows))
+        if earlier is not None and earlier.num_rows:
+            schema = stored.read_schema(txn, self.spec.index)
+            assert schema is not None  # _read_stored found it
+            windows = self.windows
+            kind = schema.field(WATERMARK).type
+            txn.emit(windows.output, finish(earlier, windows, Plan.of(windows), kind))
+        if waiting:
+            self._forget_stored(txn, waiting, set())
+
+    @classmethod
+    def on_rescale(cls, txn: Transaction, old_reducers: int, new_reducers: int) -> None:
+        """Hand the old reducers' watermarks and stored windows to the new ones
+        (:func:`~millstream.windows.stored.hand_over`)."""
+        stored.hand_over(txn, old_reducers, new_reducers)
 
     def _watermark(self, marks: dict[int, int], ended: frozenset[int]) -> int | None:
         """The smallest latest event time over the mappers whose input has not ended (None

@@ -2,18 +2,12 @@
 watermark, emits each window once when it closes.
 
 State, kept in memory and written in every commit (in the output keyspace, so it commits
-with the reducer's indices or not at all):
-
-- ``("~windows", "partial", g, window_start, key)``: the partials of an open window, as one
-  fixed-width value (:func:`~millstream.windows.partials.encode`), under the key's key group
-  ``g``: a reducer reads and writes only its own key groups, and a rescale, which hands
-  whole key groups to other reducers, moves none of them. Only the keys a batch changed
-  are written, and a window's keys are cleared when it is emitted;
-- ``("~windows", r, "watermarks")``: the latest event time each mapper reported (reducer
-  ``r``'s own: every reducer gets every watermark row);
-- ``("~windows", r, "closed")``: the watermark windows were last closed at;
-- ``("~windows", r, "schema")``: the partial table's schema and the time column's type;
-- ``("~windows", r, "late")``: rows dropped because their window had been emitted.
+with the reducer's indices or not at all; layout in :mod:`millstream.windows.stored`): the
+partials of open windows under their keys' key groups (only the keys a batch changed are
+written, and a window's keys are cleared when it is emitted), and under the reducer's
+index its watermarks (the latest event time each mapper reported; every reducer gets
+every watermark row), the watermark windows were last closed at, the partials' schema and
+the rows dropped because their window had been emitted.
 
 The memory copy is the store's as of the last commit: after a commit that failed, or one
 whose outcome is unknown, it is read again from the store before the next batch.
@@ -30,18 +24,12 @@ import pyarrow.compute as pc
 from millstream.api import Reducer, Transaction
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import OUTPUT
-from millstream.state.keys import decode_int64, pack, unpack
+from millstream.state.keys import decode_int64, pack
+from millstream.windows import stored
 from millstream.windows.mapper import MAPPER, WATERMARK
-from millstream.windows.partials import (
-    START,
-    Plan,
-    decode,
-    encode,
-    finish,
-    key_groups_of,
-    merge,
-)
+from millstream.windows.partials import START, Plan, finish, merge
 from millstream.windows.spec import UsesWindows
+from millstream.windows.stored import own_key, partials_key
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -49,16 +37,6 @@ if TYPE_CHECKING:
 _NO_TIME = -(2**63)
 _END_OF_TIME = 2**62
 """The watermark once every mapper drained: past every window (and still adds safely)."""
-
-
-def _partials(*rest: object) -> tuple[object, ...]:
-    """Where open windows' partials are, by key group: ``(g, window_start, key)`` follow."""
-    return ("~windows", "partial", *rest)
-
-
-def _own(reducer: int, *rest: object) -> tuple[object, ...]:
-    """Reducer ``reducer``'s own records."""
-    return ("~windows", reducer, *rest)
 
 
 class _State:
@@ -97,36 +75,25 @@ class WindowReducer(Reducer, UsesWindows):
         self.late_rows = 0
 
     def _space(self, *rest: object) -> tuple[object, ...]:
-        return _own(self.spec.index, *rest)
+        return own_key(self.spec.index, *rest)
 
     # -- the store copy ----------------------------------------------------------------------
 
     def _load(self, txn: Transaction, plan: Plan) -> _State:
-        raw = txn.get(self._space("watermarks"))
-        marks = {} if raw is None else dict(zip(*[iter(unpack(raw))] * 2, strict=True))
-        closed_raw = txn.get(self._space("closed"))
-        closed = None if closed_raw is None else int(unpack(closed_raw)[0])
-        schema_raw = txn.get(self._space("schema"))
-        if schema_raw is None:
-            return _State(None, {int(m): int(t) for m, t in marks.items()}, None, closed)
-        schema = pa.ipc.read_schema(pa.py_buffer(schema_raw))
-        kind = schema.field(WATERMARK).type
-        partial_schema = pa.schema([f for f in schema if f.name != WATERMARK])
-        rows = [row for g in self.spec.key_group_range for row in txn.get_range(_partials(g))]
+        marks = stored.read_marks(txn, self._space("watermarks"))
+        closed = stored.read_int(txn, self._space("closed"))
+        schema = stored.read_schema(txn, self.spec.index)
+        if schema is None:
+            return _State(None, marks, None, closed)
+        groups = [partials_key(g) for g in self.spec.key_group_range]
+        open_ = stored.read(txn, groups, plan, schema)
         # An earlier layout kept the partials under the reducer's index: move them.
-        legacy = txn.get_range(self._space("partial"))
-        rows += legacy
-        if rows:
-            starts = pa.array([int(key[-2]) for key, _ in rows], pa.int64())
-            keys = pa.array([key[-1] for key, _ in rows], partial_schema.field(plan.key).type)
-            columns = {START: starts, plan.key: keys, **decode([v for _, v in rows], schema, plan)}
-            open_ = pa.table(columns, schema=partial_schema)
-            if legacy:
-                txn.clear_prefix(self._space("partial"))
-                self._write_partials(txn, open_, plan)
-        else:
-            open_ = partial_schema.empty_table()
-        return _State(open_, {int(m): int(t) for m, t in marks.items()}, kind, closed)
+        legacy = stored.read(txn, [self._space("partial")], plan, schema)
+        if legacy.num_rows:
+            txn.clear_prefix(self._space("partial"))
+            stored.write(txn, legacy, plan, self.spec.key_groups)
+            open_ = pa.concat_tables([open_, legacy])
+        return _State(open_, marks, schema.field(WATERMARK).type, closed)
 
     def _current(self, txn: Transaction, plan: Plan) -> _State:
         """The state as of the last commit: the memory copy, or the store's when there is
@@ -180,7 +147,7 @@ class WindowReducer(Reducer, UsesWindows):
         still_open = merged.filter(pc.invert(closing))
         if done.num_rows:
             self._emit(txn, finish(done, windows, plan, kind))
-            self._clear_partials(txn, done, plan)
+            stored.clear(txn, done, plan, self.spec.key_groups)
         changed = still_open
         if partials.num_rows:
             touched = partials.select([START, plan.key])
@@ -189,7 +156,7 @@ class WindowReducer(Reducer, UsesWindows):
                 [START, plan.key],
                 join_type="inner",
             )
-        self._write_partials(txn, changed, plan)
+        stored.write(txn, changed, plan, self.spec.key_groups)
         if state.kind is None:
             schema = merged.schema.append(pa.field(WATERMARK, kind))
             txn.set(self._space("schema"), schema.serialize().to_pybytes())
@@ -202,36 +169,6 @@ class WindowReducer(Reducer, UsesWindows):
             txn.set(self._space("closed"), pack((watermark,)))
         self._pending = _State(still_open, marks, kind, watermark)
         self.late_rows += late
-
-    def _by_group(
-        self, table: pa.Table, plan: Plan
-    ) -> tuple[pa.Table, list[tuple[int, int, int, int]]]:
-        """``table`` ordered by key group and window, and its runs: ``(g, window_start,
-        first row, end)``."""
-        groups = key_groups_of(table, plan, self.spec.key_groups)
-        starts = np.asarray(table[START].to_numpy(), dtype=np.int64)
-        order = np.lexsort((starts, groups))
-        groups, starts = groups[order], starts[order]
-        edges = np.flatnonzero((np.diff(groups) != 0) | (np.diff(starts) != 0)) + 1
-        firsts = [0, *edges.tolist()]
-        ends = [*edges.tolist(), len(groups)]
-        runs = [(int(groups[a]), int(starts[a]), a, b) for a, b in zip(firsts, ends, strict=True)]
-        return table.take(pa.array(order)), runs
-
-    def _write_partials(self, txn: Transaction, table: pa.Table, plan: Plan) -> None:
-        if not table.num_rows:
-            return
-        ordered, runs = self._by_group(table, plan)
-        keys = ordered[plan.key].combine_chunks()
-        values = encode(ordered, plan)
-        for g, start, a, b in runs:
-            txn.set_many(_partials(g, start), keys.slice(a, b - a), values.slice(a, b - a))
-
-    def _clear_partials(self, txn: Transaction, table: pa.Table, plan: Plan) -> None:
-        """Delete the stored partials of ``table``'s windows (each run of one key group
-        and window at once)."""
-        for g, start, _, _ in self._by_group(table, plan)[1]:
-            txn.clear_prefix(_partials(g, start))
 
     def _watermark(self, marks: dict[int, int]) -> int | None:
         """The smallest latest event time over the mappers that may still send rows (None
@@ -252,47 +189,20 @@ class WindowReducer(Reducer, UsesWindows):
 
     @classmethod
     def on_rescale(cls, txn: Transaction, old_reducers: int, new_reducers: int) -> None:
-        """Give every new reducer the watermarks the old ones had (per mapper the smallest,
-        which every old reducer had reached) and the latest watermark any of them closed
-        windows at (a window one of them emitted stays emitted); the late-row counts go to
-        reducer 0. The partials stay where they are, under their key groups.
+        """Hand the old reducers' watermarks to the new ones
+        (:func:`~millstream.windows.stored.hand_over`); open windows' partials stay under
+        their key groups.
 
         Raises:
             ConfigurationError: Partials are still stored per reducer (an earlier layout).
         """
-        if any(txn.get_range(_own(r, "partial"), limit=1) for r in range(old_reducers)):
+        if any(txn.get_range(own_key(r, "partial"), limit=1) for r in range(old_reducers)):
             raise ConfigurationError(
                 "this processor's window partials are stored per reducer, as an earlier "
                 "release kept them: start the processor once with this release (its "
                 "reducers move them under their key groups), stop it, then rescale"
             )
-        marks: dict[int, int] = {}
-        closed: int | None = None
-        schema: bytes | None = None
-        late = 0
-        for r in range(old_reducers):
-            raw = txn.get(_own(r, "watermarks"))
-            pairs = () if raw is None else unpack(raw)
-            for m, t in zip(pairs[::2], pairs[1::2], strict=True):
-                marks[int(m)] = min(marks.get(int(m), int(t)), int(t))
-            raw = txn.get(_own(r, "closed"))
-            if raw is not None:
-                closed = max(int(unpack(raw)[0]), _NO_TIME if closed is None else closed)
-            schema = schema or txn.get(_own(r, "schema"))
-            late += txn.get_int(_own(r, "late"))
-            txn.clear_prefix(_own(r))
-        for r in range(new_reducers):
-            if marks:
-                txn.set(
-                    _own(r, "watermarks"),
-                    pack(tuple(v for m in sorted(marks) for v in (m, marks[m]))),
-                )
-            if closed is not None:
-                txn.set(_own(r, "closed"), pack((closed,)))
-            if schema is not None:
-                txn.set(_own(r, "schema"), schema)
-        if late:
-            txn.add(_own(0, "late"), late)
+        stored.hand_over(txn, old_reducers, new_reducers)
 
     def drain(self, txn: Transaction) -> None:
         """The end of input closes every window still open."""
@@ -302,7 +212,7 @@ class WindowReducer(Reducer, UsesWindows):
         if state.open is not None and state.open.num_rows and state.kind is not None:
             self._emit(txn, finish(state.open, windows, plan, state.kind))
             for g in self.spec.key_group_range:
-                txn.clear_prefix(_partials(g))
+                txn.clear_prefix(partials_key(g))
         txn.set(self._space("closed"), pack((_END_OF_TIME,)))
         self._pending = _State(
             None if state.open is None else state.open.slice(0, 0),
@@ -317,7 +227,7 @@ def late_rows(processor: Processor) -> int:
     store = processor.open_store()
     try:
         with store.read() as txn:
-            raw = [txn.get((*OUTPUT, *_own(r, "late"))) for r in range(processor.num_reducers)]
+            raw = [txn.get((*OUTPUT, *own_key(r, "late"))) for r in range(processor.num_reducers)]
     finally:
         store.close()
     return sum(decode_int64(value) for value in raw if value is not None)

@@ -465,15 +465,12 @@ class MapperWorker:
 
     def fetched_all(self, reducer_index: int, after_row_index: int) -> bool:
         """Whether the whole (bounded) input is read and the window holds no row for
-        ``reducer_index`` after ``after_row_index``: that reducer has everything."""
+        ``reducer_index`` after ``after_row_index``: that reducer has everything. In a
+        rescale's run the input ends at the rescale's cut, and the reducers, which know
+        they are rescaling, hand over there instead of ending."""
         ended = self.end_of_input  # read first: it turns true only after the last push
         window = self.window
-        if (
-            not ended
-            or self.rescale_through is not None
-            or window is None
-            or not 0 <= reducer_index < self.processor.num_reducers
-        ):
+        if not ended or window is None or not 0 <= reducer_index < self.processor.num_reducers:
             return False
         return window.bucket_len(reducer_index, after_row_index) == 0
 

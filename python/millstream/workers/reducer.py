@@ -442,11 +442,19 @@ class ReducerWorker:
 
         user = self.user
         assert isinstance(user, QueueReducer)
+        # A rescale's run ends at its cut, not at the processor's end: once every input
+        # ended there the rows are handed over; until then no input has ended for process.
+        handing_over = (
+            self.rescaling and len(pending.ended_mappers) == self.processor.num_partitions
+        )
+        if self.rescaling and not handing_over:
+            pending.ended_mappers = frozenset()
+        step = user.hand_over if handing_over else user.process
 
         def process(txn: StoreTransaction, outputs: StagedOutputs) -> Round | None:
             self._user_code(
-                lambda: user.process(pending, Transaction(txn, outputs)),
-                f"process of reducer {self.index} raised on {len(pending)} pending rows",
+                lambda: step(pending, Transaction(txn, outputs)),
+                f"{step.__name__} of reducer {self.index} raised on {len(pending)} pending rows",
             )
             prefix = pending.finished_prefix()
             new = queue.committed_after(prefix)

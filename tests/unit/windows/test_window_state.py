@@ -1,12 +1,14 @@
-"""The window reducer's stored state: open windows' partials under their key groups (read
-back from an earlier layout kept per reducer), and the handover of its per-reducer
-records when a rescale changes the reducer count."""
+"""The window reducers' stored state: open windows' partials under their key groups (read
+back from an earlier layout kept per reducer), the handover of their per-reducer records
+when a rescale changes the reducer count, and pending partials stored at a rescale."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import millstream as ms
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -102,4 +104,43 @@ def test_a_rescale_refuses_partials_kept_per_reducer(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="start the processor once"):
         ms.windows.WindowReducer.on_rescale(t, 2, 1)
     txn.reset()
+    store.close()
+
+
+def test_pending_partials_handed_over_are_emitted_by_the_new_owners(tmp_path: Path) -> None:
+    """One reducer hands over its pending rows (open windows' partials stored by key
+    group); two new reducers that get no row afterwards emit them when the input ends,
+    each its own key groups', every row counted once."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    rows = stream(1, 3_000, disorder=0)[0]
+    config = {"windows": WINDOWS}
+    mapper = ms.windows.WindowMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), config)
+    mapped = pa.concat_tables(
+        pa.Table.from_batches([mapper.map(b).batch]) for b in rows.to_batches(max_chunksize=500)
+    )
+    store = open_store(url, prefix=("p",))
+
+    def commit(write: Callable[[ms.Transaction], None], reducer: int) -> None:
+        txn = store.create_transaction()
+        outputs = StagedOutputs([sink], f"reducer-{reducer}", 0)
+        write(ms.Transaction(txn, outputs))
+        outputs.apply(txn)
+        txn.commit()
+        outputs.publish()
+
+    old = ms.windows.PendingWindowReducer(ms.WorkerSpec("p", "reducer", 0, "r", 1, 1), config)
+    pending = ms.PendingRows(mapped, np.zeros(mapped.num_rows, np.int32), frozenset({0}), 0)
+    commit(lambda t: old.hand_over(pending, t), 0)
+    assert pending.finished().to_pylist() == [True] * mapped.num_rows
+    commit(lambda t: ms.windows.PendingWindowReducer.on_rescale(t, 1, 2), 0)
+    assert sink.read().num_rows == 0, "no window was emitted at the handover"
+    for r in range(2):
+        new = ms.windows.PendingWindowReducer(ms.WorkerSpec("p", "reducer", r, "r", 1, 2), config)
+        commit(new.drain, r)
+    got = sink.read()
+    assert pc.sum(got["n"]).as_py() == 3_000
+    assert got.num_rows == len(set(zip(got["window_start"].to_pylist(), got["key"].to_pylist())))
+    with store.read() as txn:
+        assert ms.Transaction(txn).get_range(("~windows", "partial")) == []
     store.close()
