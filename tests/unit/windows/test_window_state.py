@@ -140,7 +140,8 @@ def test_pending_partials_handed_over_are_emitted_by_the_new_owners(tmp_path: Pa
         commit(new.drain, r)
     got = sink.read()
     assert pc.sum(got["n"]).as_py() == 3_000
-    assert got.num_rows == len(set(zip(got["window_start"].to_pylist(), got["key"].to_pylist())))
+    windows = zip(got["window_start"].to_pylist(), got["key"].to_pylist(), strict=True)
+    assert got.num_rows == len(set(windows)), "a window was emitted twice"
     with store.read() as txn:
         assert ms.Transaction(txn).get_range(("~windows", "partial")) == []
     store.close()
