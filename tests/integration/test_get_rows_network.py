@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +52,25 @@ def _wait_for(what: str, condition: Callable[[], bool], timeout: float = 60.0) -
         time.sleep(0.05)
 
 
+def _freeze_outside_a_store_write(pid: int, db: Path) -> None:
+    """SIGSTOP ``pid`` at a moment it holds no SQLite write lock: a process frozen inside
+    a write transaction of the embedded store holds every writer (FoundationDB would
+    abort its transaction after 5 s instead), which is not what this test is about."""
+    for _ in range(50):
+        os.kill(pid, signal.SIGSTOP)
+        probe = sqlite3.connect(db, timeout=1.0)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.rollback()
+            return
+        except sqlite3.OperationalError:  # still locked after a second: the frozen one
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.02)
+        finally:
+            probe.close()
+    raise AssertionError(f"process {pid} held the store's write lock at every try")
+
+
 def test_a_frozen_mapper_holds_nobody_and_the_results_stay_exact(tmp_path: Path) -> None:
     data = write_keyed_input(tmp_path / "in", 120_000, partitions=2, file_rows=3_000)
     processor = keyed_processor(
@@ -67,7 +87,7 @@ def test_a_frozen_mapper_holds_nobody_and_the_results_stay_exact(tmp_path: Path)
     try:
         _wait_for("mapper 0's first commits", lambda: _committed(processor, 0) > 0)
         pid = runner.pids()[("mapper", 0, 0)]
-        os.kill(pid, signal.SIGSTOP)
+        _freeze_outside_a_store_write(pid, tmp_path / "state.db")
         try:
             before = _committed(processor, 1)
             # While mapper 0 is frozen (its GetRows calls stay unanswered for up to 30 s),
