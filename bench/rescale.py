@@ -76,55 +76,71 @@ def _check(processor: ms.Processor, data: Path) -> None:
     assert got == expected, "the sums differ from the input's"
 
 
+def measure_rescale(before: ms.Processor, to: int, stop_after: float) -> dict[str, Any]:
+    """Run ``before`` for ``stop_after`` seconds, stop it, rescale it to ``to`` reducers
+    (measured from the moment the last worker is gone) and run the new shape to the end.
+
+    Returns the figures: rows persisted at the stop, the rescale's seconds, its old shape's
+    run (seconds, rows), the bytes its process tree wrote, the handover transaction's size,
+    the time from the stop to the new shape's first commit (None: it had nothing left to
+    commit) and the final run's summary (``"final"``, a :class:`~millstream.RunSummary`).
+    """
+    runner = LocalRunner(before)
+    runner.start()
+    started = time.monotonic()
+    while time.monotonic() - started < stop_after:
+        assert not runner.poll(), "the job drained before it could be stopped"
+        time.sleep(0.01)
+    runner.stop()
+    persisted = _persisted(before)
+    stopped = time.monotonic()
+    after = dataclasses.replace(before, num_reducers=to)
+    summary, io = measure_callable(lambda: ms.rescale(after))
+    rescaled = time.monotonic()
+    commits = _commits(after)
+    runner = LocalRunner(after)
+    runner.start()
+    first_commit: float | None = None
+    while not runner.poll():
+        if first_commit is None and _commits(after) > commits:
+            first_commit = time.monotonic()
+        time.sleep(0.005)
+    return {
+        "from": before.num_reducers,
+        "to": to,
+        "stopped_at_rows": persisted,
+        "rescale_seconds": round(rescaled - stopped, 3),
+        "drain_seconds": round(summary.drain_seconds, 3),
+        "rows_drained": summary.rows_drained,
+        # None: the cut was the input's end (the old shape's run did the rest of the job).
+        "stop_to_first_commit_seconds": (
+            None if first_commit is None else round(first_commit - stopped, 3)
+        ),
+        "rescale_write_bytes": io.write_bytes,
+        "rescale_net_write_bytes": io.net_write_bytes,
+        "handover_transaction_bytes": summary.handover_bytes,
+        "final": runner.finish(),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="millstream-rescale-"))
     try:
         data = generate(root, args.rows)
         input_bytes = sum(f.stat().st_size for f in data.rglob("*.parquet"))
         before = make_processor(root, args.rows, num_reducers=getattr(args, "from"))
-        runner = LocalRunner(before)
-        runner.start()
-        started = time.monotonic()
-        while time.monotonic() - started < args.stop_after:
-            assert not runner.poll(), "the job drained before it could be stopped"
-            time.sleep(0.01)
-        runner.stop()
-        persisted = _persisted(before)
-        assert persisted < args.rows, "the job drained before it was stopped: use more rows"
-        stopped = time.monotonic()
-        after = dataclasses.replace(before, num_reducers=args.to)
-        summary, io = measure_callable(lambda: ms.rescale(after))
-        rescaled = time.monotonic()
-        commits = _commits(after)
-        runner = LocalRunner(after)
-        runner.start()
-        first_commit: float | None = None
-        while not runner.poll():
-            if first_commit is None and _commits(after) > commits:
-                first_commit = time.monotonic()
-            time.sleep(0.005)
-        final = runner.finish()
-        _check(after, data)
-        result = {
+        result = measure_rescale(before, args.to, args.stop_after)
+        assert result["stopped_at_rows"] < args.rows, (
+            "the job drained before it was stopped: use more rows"
+        )
+        _check(dataclasses.replace(before, num_reducers=args.to), data)
+        return {
             "rows": args.rows,
-            "from": getattr(args, "from"),
-            "to": args.to,
-            "stopped_at_rows": persisted,
             "input_bytes": input_bytes,
-            "rescale_seconds": round(rescaled - stopped, 3),
-            "drain_seconds": round(summary.drain_seconds, 3),
-            "rows_drained": summary.rows_drained,
-            # None: the cut was the input's end (the mappers had read it all when stopped).
-            "stop_to_first_commit_seconds": (
-                None if first_commit is None else round(first_commit - stopped, 3)
-            ),
-            "rescale_write_bytes": io.write_bytes,
-            "rescale_net_write_bytes": io.net_write_bytes,
-            "rescale_bytes_per_input_byte": round(io.write_bytes / input_bytes, 5),
-            "handover_transaction_bytes": summary.handover_bytes,
-            "final": str(final),
+            **result,
+            "rescale_bytes_per_input_byte": round(result["rescale_write_bytes"] / input_bytes, 5),
+            "final": str(result["final"]),
         }
-        return result
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -23,7 +23,6 @@ Raw results: ``bench/results/rescale/windows-*.json``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import tempfile
@@ -32,45 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import millstream as ms
-from millstream.ledger import reduced_key, summarize
 from millstream.outputs import ParquetSink
-from millstream.runner.local import LocalRunner
-from millstream.state import decode_int64
 
-from bench.io_meter import measure_callable
-from bench.windows import MINUTE, REDUCERS, expected, generate, input_bytes
+from bench.rescale import measure_rescale
+from bench.windows import REDUCERS, expected, generate, input_bytes, per_minute
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rescale"
 
 
-def _persisted(processor: ms.Processor) -> int:
-    store = processor.open_store()
-    try:
-        return summarize(store, processor.info, 0, 0.0).rows_read
-    finally:
-        store.close()
-
-
-def _commits(processor: ms.Processor) -> int:
-    store = processor.open_store()
-    try:
-        with store.read() as txn:
-            raw = [txn.get(reduced_key(r, "commits")) for r in range(processor.num_reducers)]
-    finally:
-        store.close()
-    return sum(decode_int64(v) for v in raw if v is not None)
-
-
 def _processor(root: Path, data: Path, args: argparse.Namespace) -> ms.Processor:
     store = f"sqlite:///{root / 'state.db'}"
-    windows = ms.windows.Windows(
-        time="ts",
-        key="key",
-        size=MINUTE,
-        lateness=args.disorder_ms,
-        aggregates={"n": (None, "count"), "total": ("value", "sum")},
-        output="per-minute",
-    )
     return ms.Processor(
         mapper=ms.windows.WindowMapper,
         reducer=getattr(ms.windows, REDUCERS[args.reducer]),
@@ -78,7 +48,7 @@ def _processor(root: Path, data: Path, args: argparse.Namespace) -> ms.Processor
         store=store,
         num_reducers=getattr(args, "from"),
         name="windows",
-        config={"windows": windows},
+        config={"windows": per_minute(args.disorder_ms)},
         outputs=[ParquetSink(store, "per-minute", str(root / "out"))],
     )
 
@@ -105,51 +75,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         data = generate(RESULTS.parent / "windows" / "input", args)
         before = _processor(root, data, args)
-        runner = LocalRunner(before)
-        runner.start()
-        started = time.monotonic()
-        while time.monotonic() - started < args.stop_after:
-            assert not runner.poll(), "the job drained before it could be stopped"
-            time.sleep(0.01)
-        runner.stop()
-        persisted = _persisted(before)
-        assert persisted < args.rows, "the job drained before it was stopped: use more rows"
-        stopped = time.monotonic()
-        after = dataclasses.replace(before, num_reducers=args.to)
-        summary, io = measure_callable(lambda: ms.rescale(after))
-        rescaled = time.monotonic()
-        commits = _commits(after)
-        runner = LocalRunner(after)
-        runner.start()
-        first_commit: float | None = None
-        while not runner.poll():
-            if first_commit is None and _commits(after) > commits:
-                first_commit = time.monotonic()
-            time.sleep(0.005)
-        final = runner.finish()
-        sink = after.outputs[0]
+        result = measure_rescale(before, args.to, args.stop_after)
+        assert result["stopped_at_rows"] < args.rows, (
+            "the job drained before it was stopped: use more rows"
+        )
+        sink = before.outputs[0]
         assert isinstance(sink, ParquetSink)
-        windows = _check(sink, data)
         return {
             "reducer": args.reducer,
             "rows": args.rows,
             "keys": args.keys,
-            "windows": windows,
-            "from": getattr(args, "from"),
-            "to": args.to,
-            "stopped_at_rows": persisted,
+            "windows": _check(sink, data),
             "input_bytes": input_bytes(data),
-            "rescale_seconds": round(rescaled - stopped, 3),
-            "drain_seconds": round(summary.drain_seconds, 3),
-            "rows_drained": summary.rows_drained,
-            "stop_to_first_commit_seconds": (
-                None if first_commit is None else round(first_commit - stopped, 3)
-            ),
-            "rescale_write_bytes": io.write_bytes,
-            "rescale_net_write_bytes": io.net_write_bytes,
-            "handover_transaction_bytes": summary.handover_bytes,
+            **result,
             "exact": True,
-            "final": str(final),
+            "final": str(result["final"]),
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)

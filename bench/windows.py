@@ -113,6 +113,21 @@ REDUCERS = {
 }
 
 
+def per_minute(disorder_ms: int) -> Any:
+    """The query's windows: per tumbling minute of ``ts`` and per key, the row count
+    ``n`` and the sum ``total`` of ``value``, into the output ``per-minute``."""
+    import millstream as ms
+
+    return ms.windows.Windows(
+        time="ts",
+        key="key",
+        size=MINUTE,
+        lateness=disorder_ms,
+        aggregates={"n": (None, "count"), "total": ("value", "sum")},
+        output="per-minute",
+    )
+
+
 def millstream_child(args: argparse.Namespace) -> None:
     """Run the two-stage pipeline to the end; write the results as JSON."""
     import millstream as ms
@@ -122,14 +137,7 @@ def millstream_child(args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
     store = f"sqlite:///{run_dir / 'state.db'}"
     queue = ms.inputs.StoreQueue(store, "per-minute", num_partitions=2)
-    windows = ms.windows.Windows(
-        time="ts",
-        key="key",
-        size=MINUTE,
-        lateness=args.disorder_ms,
-        aggregates={"n": (None, "count"), "total": ("value", "sum")},
-        output="per-minute",
-    )
+    windows = per_minute(args.disorder_ms)
     first = ms.Processor(
         mapper=ms.windows.WindowMapper,
         reducer=getattr(ms.windows, REDUCERS[args.reducer]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,6 @@ def test_a_commit_that_failed_leaves_the_windows_as_the_store_has_them(
 def test_a_commit_that_landed_unconfirmed_is_read_back_from_the_store(tmp_path: Path) -> None:
     """The commit of the first batch lands but its outcome is unknown (``on_commit`` is
     not called): the reducer must read the windows back before merging the next batch."""
-    from millstream.outputs import StagedOutputs
     from millstream.state import open_store
 
     url = f"sqlite:///{tmp_path / 'state.db'}"
@@ -210,15 +210,10 @@ def test_a_commit_that_landed_unconfirmed_is_read_back_from_the_store(tmp_path: 
     batches += [mapper.map(b).batch for b in tables[0].slice(1_000).to_batches(max_chunksize=1_000)]
 
     def commit(call: str, batch: pa.RecordBatch | None = None) -> None:
-        txn = store.create_transaction()
-        outputs = StagedOutputs([sink], "reducer-0", 0)
         if batch is None:
-            reducer.drain(ms.Transaction(txn, outputs))
+            commit_round(store, sink, reducer.drain)
         else:
-            reducer.reduce(batch, ms.Transaction(txn, outputs))
-        outputs.apply(txn)
-        txn.commit()
-        outputs.publish()
+            commit_round(store, sink, lambda t: reducer.reduce(batch, t))
         if call == "confirmed":
             reducer.on_commit()
 
@@ -228,6 +223,21 @@ def test_a_commit_that_landed_unconfirmed_is_read_back_from_the_store(tmp_path: 
     commit("confirmed")
     assert pc.sum(sink.read()["n"]).as_py() == 3_000
     store.close()
+
+
+def commit_round(
+    store: Any, sink: ParquetSink, write: Callable[[ms.Transaction], None], reducer: int = 0
+) -> None:
+    """One reducer transaction by hand: ``write`` through it, then commit it with what it
+    staged for ``sink`` (as reducer ``reducer``) and publish that."""
+    from millstream.outputs import StagedOutputs
+
+    txn = store.create_transaction()
+    outputs = StagedOutputs([sink], f"reducer-{reducer}", 0)
+    write(ms.Transaction(txn, outputs))
+    outputs.apply(txn)
+    txn.commit()
+    outputs.publish()
 
 
 def _cluster(

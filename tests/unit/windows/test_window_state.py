@@ -4,7 +4,6 @@ when a rescale changes the reducer count, and pending partials stored at a resca
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import millstream as ms
@@ -13,10 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from millstream.exceptions import ConfigurationError
-from millstream.outputs import ParquetSink, StagedOutputs
+from millstream.outputs import ParquetSink
 from millstream.state import open_store
 from millstream.state.keys import pack, unpack
-from test_window_aggregation import MINUTE, stream
+from test_window_aggregation import MINUTE, commit_round, stream
 
 WINDOWS = ms.windows.Windows(
     time="ts", key="key", size=MINUTE, aggregates={"n": (None, "count")}, output="windows"
@@ -38,15 +37,10 @@ def test_partials_kept_per_reducer_by_an_earlier_layout_are_moved_and_counted(
     batches = [mapper.map(b).batch for b in rows.to_batches(max_chunksize=1_000)]
 
     def commit(reducer: ms.Reducer, batch: pa.RecordBatch | None) -> None:
-        txn = store.create_transaction()
-        outputs = StagedOutputs([sink], "reducer-0", 0)
         if batch is None:
-            reducer.drain(ms.Transaction(txn, outputs))
+            commit_round(store, sink, reducer.drain)
         else:
-            reducer.reduce(batch, ms.Transaction(txn, outputs))
-        outputs.apply(txn)
-        txn.commit()
-        outputs.publish()
+            commit_round(store, sink, lambda t: reducer.reduce(batch, t))
         reducer.on_commit()
 
     def spec() -> ms.WorkerSpec:
@@ -121,23 +115,15 @@ def test_pending_partials_handed_over_are_emitted_by_the_new_owners(tmp_path: Pa
     )
     store = open_store(url, prefix=("p",))
 
-    def commit(write: Callable[[ms.Transaction], None], reducer: int) -> None:
-        txn = store.create_transaction()
-        outputs = StagedOutputs([sink], f"reducer-{reducer}", 0)
-        write(ms.Transaction(txn, outputs))
-        outputs.apply(txn)
-        txn.commit()
-        outputs.publish()
-
     old = ms.windows.PendingWindowReducer(ms.WorkerSpec("p", "reducer", 0, "r", 1, 1), config)
     pending = ms.PendingRows(mapped, np.zeros(mapped.num_rows, np.int32), frozenset({0}), 0)
-    commit(lambda t: old.hand_over(pending, t), 0)
+    commit_round(store, sink, lambda t: old.hand_over(pending, t))
     assert pending.finished().to_pylist() == [True] * mapped.num_rows
-    commit(lambda t: ms.windows.PendingWindowReducer.on_rescale(t, 1, 2), 0)
+    commit_round(store, sink, lambda t: ms.windows.PendingWindowReducer.on_rescale(t, 1, 2))
     assert sink.read().num_rows == 0, "no window was emitted at the handover"
     for r in range(2):
         new = ms.windows.PendingWindowReducer(ms.WorkerSpec("p", "reducer", r, "r", 1, 2), config)
-        commit(new.drain, r)
+        commit_round(store, sink, new.drain, r)
     got = sink.read()
     assert pc.sum(got["n"]).as_py() == 3_000
     windows = zip(got["window_start"].to_pylist(), got["key"].to_pylist(), strict=True)
