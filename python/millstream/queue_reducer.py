@@ -26,11 +26,13 @@ class PendingRows:
 
     Attributes:
         rows: Every pending row, each mapper's rows in the order that mapper produced them,
-            mapper after mapper.
-        mapper_indices: The mapper each row came from (int32, one per row).
-        ended_mappers: Mappers whose input ended and whose every row for this reducer is in
-            ``rows`` or finished: nothing more will come from them. When it holds every
-            mapper, finish every row (the processor drains once all are finished). After a
+            mapper after mapper (a "mapper" here is an input partition: a mapper worker
+            reading several partitions produces each one's rows apart).
+        mapper_indices: The partition each row came from (int32, one per row).
+        ended_mappers: Partitions whose input ended and whose every row for this reducer is
+            in ``rows`` or finished: nothing more will come from them. When it holds all
+            ``spec.num_partitions``, finish every row (the processor drains once all are
+            finished). After a
             round too large for one transaction, ``rows`` holds only the first part of each
             mapper's pending rows (halved until a round commits, then doubled back), and a
             mapper whose rows are cut is not in it.
