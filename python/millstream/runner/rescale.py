@@ -117,22 +117,17 @@ def rescale(
     drain_seconds = time.monotonic() - drain_started
     store = processor.open_store()
     try:
-        plan = store.transact(read_rescale)
         drained = summarize(store, info, 0, 0.0).rows_read - before
-        handover = 0
-        if plan is not None:
 
-            def hand_over(txn: StoreTransaction) -> int:
-                stored = read_processor_info(txn)
-                if stored is None or read_rescale(txn) is None:
-                    return 0  # a commit whose outcome was unknown handed over already
-                finish_rescale(txn, plan)
-                processor.reducer.on_rescale(
-                    Transaction(txn), stored.num_reducers, plan.num_reducers
-                )
-                return txn.write_size
+        def hand_over(txn: StoreTransaction) -> int:
+            plan = read_rescale(txn)
+            if plan is None:
+                return 0  # handed over already (by a commit whose outcome was unknown)
+            finish_rescale(txn, plan)
+            processor.reducer.on_rescale(Transaction(txn), info.num_reducers, plan.num_reducers)
+            return txn.write_size
 
-            handover = store.transact(hand_over, idempotent=True)
+        handover = store.transact(hand_over, idempotent=True)
     finally:
         store.close()
     summary = RescaleSummary(

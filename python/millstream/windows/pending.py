@@ -26,15 +26,13 @@ partials, which must fit their windows' memory limit. Late rows are dropped, not
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream.api import Transaction
 from millstream.queue_reducer import PendingRows, QueueReducer
-from millstream.state.keys import pack, unpack
+from millstream.state.keys import pack
 from millstream.windows import stored
 from millstream.windows.mapper import MAPPER, WATERMARK
 from millstream.windows.partials import START, Plan, finish, merge
@@ -58,28 +56,22 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
     def _space(self, *rest: object) -> tuple[object, ...]:
         return own_key(self.spec.index, *rest)
 
-    def _stored_windows(self, txn: Transaction) -> set[int]:
-        """Windows with partials a rescale stored (``window_start``)."""
-        raw = txn.get(self._space("stored"))
-        return {int(s) for s in (() if raw is None else unpack(raw))}
-
     def _read_stored(self, txn: Transaction, starts: list[int], plan: Plan) -> pa.Table | None:
-        """The stored partials of windows ``starts`` in this reducer's key groups."""
+        """The stored partials of windows ``starts`` in this reducer's key groups (None:
+        there are none)."""
         schema = stored.read_schema(txn, self.spec.index)
         if schema is None or not starts:
             return None
         prefixes = [partials_key(g, s) for g in self.spec.key_group_range for s in starts]
-        return stored.read(txn, prefixes, plan, schema)
+        found = stored.read(txn, prefixes, plan, schema)
+        return found if found.num_rows else None
 
     def _forget_stored(self, txn: Transaction, starts: list[int], kept: set[int]) -> None:
         """Delete the stored partials of windows ``starts`` (emitted); ``kept`` stay."""
         for g in self.spec.key_group_range:
             for s in starts:
                 txn.clear_prefix(partials_key(g, s))
-        if kept:
-            txn.set(self._space("stored"), pack(tuple(sorted(kept))))
-        else:
-            txn.clear(self._space("stored"))
+        stored.write_windows(txn, self.spec.index, kept)
 
     def process(self, pending: PendingRows, txn: Transaction) -> None:
         table = pending.rows
@@ -89,14 +81,12 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
         plan = Plan.of(windows)
         kind = table.schema.field(WATERMARK).type
         size, _, lateness = windows.ticks(kind)
-        raw = txn.get(self._space("closed"))
-        closed = None if raw is None else int(unpack(raw)[0])
-        raw = txn.get(self._space("watermarks"))
-        stored = {} if raw is None else {int(m): int(t) for m, t in _pairs(unpack(raw))}
+        closed = stored.read_int(txn, self._space("closed"))
+        reported = stored.read_marks(txn, self._space("watermarks"))
         is_mark = pc.is_valid(table[MAPPER]).combine_chunks()
         # Every row of a mapper before a pending watermark row is pending too (or finished),
         # so this round may go by them; only finished ones are stored (below).
-        marks = _latest(table.filter(is_mark), stored)
+        marks = _latest(table.filter(is_mark), reported)
         watermark = self._watermark(marks, pending.ended_mappers)
         if watermark is None or (closed is not None and watermark < closed):
             watermark = closed
@@ -115,14 +105,14 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
             )
         mask = done | is_mark.to_numpy(zero_copy_only=False)
         finished = pending.finish(mask)
-        waiting = self._stored_windows(txn)
+        waiting = stored.read_windows(txn, self.spec.index)
         reached = sorted(
             s for s in waiting if watermark is not None and s + size + lateness <= watermark
         )
         if fresh.any() or reached:
             closing = [table.filter(pa.array(fresh)).drop_columns([MAPPER, WATERMARK])]
             earlier = self._read_stored(txn, reached, plan)
-            if earlier is not None and earlier.num_rows:
+            if earlier is not None:
                 closing.append(earlier)
             merged = merge(closing, plan)
             if merged.num_rows:
@@ -133,11 +123,8 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
             # A stored watermark is one of a finished row: every row of its mapper before it
             # is finished, so a new instance that has not fetched the pending rows yet
             # cannot go by a watermark of rows it has not seen.
-            kept = _latest(table.filter(pc.and_(is_mark, finished)), stored)
-            txn.set(
-                self._space("watermarks"),
-                pack(tuple(v for m in sorted(kept) for v in (m, kept[m]))),
-            )
+            kept = _latest(table.filter(pc.and_(is_mark, finished)), reported)
+            txn.set(self._space("watermarks"), stored.pack_marks(kept))
             if watermark is not None and watermark != closed:
                 txn.set(self._space("closed"), pack((watermark,)))
 
@@ -161,7 +148,7 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
                 partials = partials.filter(
                     pc.greater(pc.add(partials[START], size + lateness), closed)
                 )
-            waiting = self._stored_windows(txn)
+            waiting = stored.read_windows(txn, self.spec.index)
             if partials.num_rows:
                 starts = set(pc.unique(partials[START]).to_pylist())
                 txn.set(
@@ -170,19 +157,19 @@ class PendingWindowReducer(QueueReducer, UsesWindows):
                 )
                 parts = [partials]
                 earlier = self._read_stored(txn, sorted(starts & waiting), plan)
-                if earlier is not None and earlier.num_rows:
+                if earlier is not None:
                     parts.append(earlier)
                 stored.write(txn, merge(parts, plan), plan, self.spec.key_groups)
-                txn.set(self._space("stored"), pack(tuple(sorted(waiting | starts))))
+                stored.write_windows(txn, self.spec.index, waiting | starts)
             txn.set(self._space("watermarks"), stored.pack_marks(marks))
         pending.finish_all()
 
     def drain(self, txn: Transaction) -> None:
         """The end of input: emit the windows whose partials a rescale stored and that
         closed with no pending row left to close them."""
-        waiting = sorted(self._stored_windows(txn))
+        waiting = sorted(stored.read_windows(txn, self.spec.index))
         earlier = self._read_stored(txn, waiting, Plan.of(self.windows))
-        if earlier is not None and earlier.num_rows:
+        if earlier is not None:
             schema = stored.read_schema(txn, self.spec.index)
             assert schema is not None  # _read_stored found it
             windows = self.windows
@@ -221,10 +208,6 @@ def _latest(reported: pa.Table, marks: dict[int, int]) -> dict[int, int]:
     ):
         out[int(m)] = max(out.get(int(m), t), t)
     return out
-
-
-def _pairs(values: tuple[Any, ...]) -> list[tuple[Any, Any]]:
-    return list(zip(values[::2], values[1::2], strict=True))
 
 
 __all__ = ["PendingWindowReducer"]

@@ -160,9 +160,7 @@ class WindowReducer(Reducer, UsesWindows):
         if state.kind is None:
             schema = merged.schema.append(pa.field(WATERMARK, kind))
             txn.set(self._space("schema"), schema.serialize().to_pybytes())
-        txn.set(
-            self._space("watermarks"), pack(tuple(v for m in sorted(marks) for v in (m, marks[m])))
-        )
+        txn.set(self._space("watermarks"), stored.pack_marks(marks))
         if late:
             txn.add(self._space("late"), late)
         if watermark is not None and watermark != state.closed:

@@ -51,7 +51,23 @@ def read_marks(txn: Transaction, key: tuple[object, ...]) -> dict[int, int]:
 
 
 def pack_marks(marks: dict[int, int]) -> bytes:
+    """The record :func:`read_marks` reads."""
     return pack(tuple(v for m in sorted(marks) for v in (m, marks[m])))
+
+
+def read_windows(txn: Transaction, reducer: int) -> set[int]:
+    """The windows (``window_start``) with partials a rescale stored, as reducer
+    ``reducer``'s list has them."""
+    raw = txn.get(own_key(reducer, "stored"))
+    return {int(s) for s in (() if raw is None else unpack(raw))}
+
+
+def write_windows(txn: Transaction, reducer: int, starts: set[int]) -> None:
+    """Reducer ``reducer``'s list of windows with stored partials (cleared when empty)."""
+    if starts:
+        txn.set(own_key(reducer, "stored"), pack(tuple(sorted(starts))))
+    else:
+        txn.clear(own_key(reducer, "stored"))
 
 
 def runs(
@@ -133,8 +149,7 @@ def hand_over(txn: Transaction, old_reducers: int, new_reducers: int) -> None:
         if last is not None:
             closed = max(last, NO_TIME if closed is None else closed)
         schema = schema or txn.get(own_key(r, "schema"))
-        raw = txn.get(own_key(r, "stored"))
-        stored.update(int(s) for s in (() if raw is None else unpack(raw)))
+        stored.update(read_windows(txn, r))
         late += txn.get_int(own_key(r, "late"))
         txn.clear_prefix(own_key(r))
     for r in range(new_reducers):
@@ -144,7 +159,6 @@ def hand_over(txn: Transaction, old_reducers: int, new_reducers: int) -> None:
             txn.set(own_key(r, "closed"), pack((closed,)))
         if schema is not None:
             txn.set(own_key(r, "schema"), schema)
-        if stored:
-            txn.set(own_key(r, "stored"), pack(tuple(sorted(stored))))
+        write_windows(txn, r, stored)
     if late:
         txn.add(own_key(0, "late"), late)
