@@ -12,10 +12,10 @@
 * ``counters``: the job the README teaches, in the shapes users vary (the benchmark
   matrix, :mod:`bench.matrix`). :class:`PreAggregateCounters` folds each input batch into
   ``config["counters"]`` counters per key (:mod:`bench.counters`) and routes each key by
-  hash; :class:`CountersIntoStore` folds the partial counters and adds each into the store
-  with ``add_many``: under ``(counter,)``, one keyspace the reducers share
-  (``config["layout"] == "shared"``), or under ``(counter, reducer index)``, each reducer's
-  keys together (``"grouped"``).
+  hash; :class:`CountersIntoStore` folds the partial counters and adds them into the store
+  with one ``add_many`` (every counter of a key in one value): under ``("stats",)``, one
+  keyspace the reducers share (``config["layout"] == "shared"``), or under ``("stats",
+  reducer index)``, each reducer's keys together (``"grouped"``).
 
 Every reducer reports its start and its commits through :class:`CommitReporter`: one JSON
 line per committed transaction (reducer, shuffle rows, commit time) written to a FIFO named by the
@@ -43,6 +43,9 @@ FIFO_ENV = "MILLSTREAM_BENCH_FIFO"
 NAME = "bench"
 """The processor's name (its store prefix)."""
 SMALLEST = 3
+KEYSPACE = "stats"
+"""Where the ``counters`` job keeps a key's counters: ``(KEYSPACE, key)`` when the reducers
+share one keyspace, ``(KEYSPACE, reducer index, key)`` when grouped."""
 SEPARATOR = "\n"
 
 
@@ -213,7 +216,8 @@ class PreAggregateCounters(ms.Mapper):
 
 
 class CountersIntoStore(CommitReporter):
-    """Folds the partial counters and adds each to its store counter with ``add_many``."""
+    """Folds the partial counters and adds them to the store with one ``add_many``: every
+    counter of a key in one stored value (:data:`KEYSPACE`), as the README teaches."""
 
     def __init__(self, spec: ms.WorkerSpec, config: Any) -> None:
         super().__init__(spec, config)
@@ -227,10 +231,8 @@ class CountersIntoStore(CommitReporter):
 
     def write(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
         folded = self._fold(batch)
-        keys = folded["key"].combine_chunks()
-        for counter in self.counters:
-            prefix = (counter,) if self.layout == "shared" else (counter, self.spec.index)
-            txn.add_many(prefix, keys, folded[counter].combine_chunks())
+        prefix = (KEYSPACE,) if self.layout == "shared" else (KEYSPACE, self.spec.index)
+        txn.add_many(prefix, folded["key"].combine_chunks(), folded.select(list(self.counters)))
 
     def compute(self, batch: pa.RecordBatch) -> None:
         self._fold(batch)

@@ -225,23 +225,20 @@ def expected_results(workload: Workload, kind: str, opts: MillstreamOptions) -> 
 
 def _read_counters(txn: Any, opts: MillstreamOptions) -> pa.Table:
     """``key`` and each counter, from the ``counters`` job's output (either layout)."""
-    from millstream.state import decode_int64
+    from millstream.state import decode_int64s
 
-    columns: dict[str, pa.Array] = {}
-    for counter in counter_names(opts.counters):
-        pairs = txn.get_range_startswith(("out", counter), snapshot=True)
-        table = pa.table(
-            {
-                "key": pa.array([k[-1] for k, _ in pairs], pa.int64()),
-                counter: pa.array([decode_int64(v) for _, v in pairs], pa.int64()),
-            }
-        ).sort_by("key")
-        if "key" not in columns:
-            columns["key"] = table["key"]
-        elif not table["key"].equals(columns["key"]):
-            raise RuntimeError(f"counter {counter!r} holds other keys than the first counter")
-        columns[counter] = table[counter]
-    return pa.table(columns)
+    from bench.millstream_jobs import KEYSPACE
+
+    counters = counter_names(opts.counters)
+    pairs = txn.get_range_startswith(("out", KEYSPACE), snapshot=True)
+    lanes = [decode_int64s(v, len(counters)) for _, v in pairs]
+    table = pa.table(
+        {
+            "key": pa.array([k[-1] for k, _ in pairs], pa.int64()),
+            **{c: pa.array([v[i] for v in lanes], pa.int64()) for i, c in enumerate(counters)},
+        }
+    )
+    return table.sort_by("key")
 
 
 def read_results(run_dir: Path, kind: str, opts: MillstreamOptions | None = None) -> pa.Table:

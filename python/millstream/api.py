@@ -18,7 +18,7 @@ import pyarrow as pa
 from millstream import _core
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import DEFAULT_KEY_GROUPS, OUTPUT
-from millstream.state import StoreTransaction, decode_int64
+from millstream.state import StoreTransaction, decode_int64, decode_int64s
 from millstream.tuning import Tuning
 
 
@@ -231,8 +231,21 @@ class Transaction:
         rows = self._txn.get_range_startswith(self._key(prefix), limit=limit)
         return [(key[len(OUTPUT) :], value) for key, value in rows]
 
-    def add_many(self, keyspace: Key, keys: pa.Array, deltas: pa.Array) -> None:
-        """Add ``deltas[i]`` to the counter at ``keyspace + (keys[i],)`` for every i."""
+    def get_ints(self, key: Key, width: int) -> tuple[int, ...]:
+        """The ``width`` int64 counters at ``key`` kept by :meth:`add_many` with several
+        columns (zeros when absent)."""
+        return decode_int64s(self._txn.get(self._key(key)), width)
+
+    def add_many(
+        self, keyspace: Key, keys: pa.Array, deltas: pa.Array | pa.RecordBatch | pa.Table
+    ) -> None:
+        """Add ``deltas[i]`` to the counter at ``keyspace + (keys[i],)`` for every i.
+
+        Several counters per key (a sum and a count, say) go in one call as int columns:
+        ``deltas`` a ``RecordBatch`` or ``Table``. The key then holds one value with every
+        counter (read it with :meth:`get_ints`), one stored entry instead of one per
+        counter: a commit writes a fraction of the bytes.
+        """
         self._txn.add_many(self._key(keyspace), keys, deltas)
 
     def set_many(self, keyspace: Key, keys: pa.Array, values: pa.Array) -> None:

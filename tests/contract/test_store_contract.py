@@ -24,7 +24,9 @@ from millstream.state import (
     StoreLimits,
     StoreTransaction,
     decode_int64,
+    decode_int64s,
     encode_int64,
+    encode_int64s,
     open_store,
     pack,
 )
@@ -198,6 +200,79 @@ def test_batch_add_with_duplicates_and_many_keys(store: Store) -> None:
     rows = store.transact(lambda t: t.get_range_startswith(("c",)))
     assert len(rows) == 1000
     assert sum(decode_int64(v) for _, v in rows) == n + 30
+
+
+def counters(t: StoreTransaction, keyspace: tuple[object, ...], keys: list[int], width: int):
+    """The lanes at ``keyspace + (k,)`` for each of ``keys``, read in ``t``."""
+    values = t.get_many(keyspace, pa.array(keys, pa.int64()))
+    return [decode_int64s(v, width) for v in values]
+
+
+def test_several_counters_per_key_are_one_value_added_lane_by_lane(store: Store) -> None:
+    keys = pa.array([4, 1, 4, 2**40, -3], pa.int64())
+    deltas = pa.record_batch(
+        {
+            "max": pa.array([INT64_MAX, 0, 1, -1, 0], pa.int64()),
+            "sum": pa.array([10, 20, 30, 40, -50], pa.int64()),
+            "count": pa.array([1, 1, 1, 1, 1], pa.int32()),
+        }
+    )
+    store.transact(lambda t: t.add_many(("c",), keys, deltas))
+    # Each lane wraps around on its own: no carry crosses into the next lane.
+    got = store.transact(lambda t: counters(t, ("c",), [4, 1, 2**40, -3], 3))
+    assert got == [(-(2**63), 40, 2), (0, 20, 1), (-1, 40, 1), (0, -50, 1)]
+    store.transact(lambda t: t.add_many(("c",), keys, pa.Table.from_batches([deltas])))
+    got = store.transact(lambda t: counters(t, ("c",), [4, 1, 2**40, -3], 3))
+    assert got == [(0, 80, 4), (0, 40, 2), (-2, 80, 2), (0, -100, 2)]
+    rows = store.transact(lambda t: t.get_range_startswith(("c",)))
+    assert len(rows) == 4
+    assert all(len(v) == 24 for _, v in rows)
+    assert rows[0][1] == encode_int64s([0, -100, 2])
+    # One column is the one-counter form: the same value as add_many of an array.
+    store.transact(lambda t: t.add_many(("one",), keys, pa.record_batch({"n": keys})))
+    store.transact(lambda t: t.add_many(("array",), keys, keys))
+    one = store.transact(lambda t: t.get_range_startswith(("one",)))
+    array = store.transact(lambda t: t.get_range_startswith(("array",)))
+    assert [v for _, v in one] == [v for _, v in array]
+
+
+def test_counter_lanes_read_their_own_writes(store: Store) -> None:
+    store.transact(lambda t: t.set(("c", 1), encode_int64s([1, 2])))
+    store.transact(lambda t: t.set(("c", 3), encode_int64s([100, 100])))
+    txn = store.create_transaction()
+    lanes = pa.record_batch({"a": pa.array([5, 5, 5]), "b": pa.array([-1, -1, -1])})
+    txn.add_many(("c",), pa.array([1, 2, 1]), lanes)
+    txn.add(("c", 2), 7)  # an int add works on the first lane and cuts the value to it
+    txn.clear(("c", 3))
+    txn.add_many(("c",), pa.array([2, 3]), lanes.slice(0, 2))
+    expected = [(11, 0), (17, -1), (5, -1)]
+    assert counters(txn, ("c",), [1, 2, 3], 2) == expected
+    assert [decode_int64s(v, 2) for _, v in txn.get_range_startswith(("c",))] == expected
+    txn.commit()
+    assert store.transact(lambda t: counters(t, ("c",), [1, 2, 3], 2)) == expected
+
+
+def test_counter_lanes_of_another_width_are_cut_or_extended(store: Store) -> None:
+    store.transact(lambda t: t.add(("c", 1), 9))
+    store.transact(lambda t: t.set(("c", 2), encode_int64s([1, 2, 3])))
+    lanes = pa.record_batch({"a": pa.array([1, 1]), "b": pa.array([1, 1])})
+    store.transact(lambda t: t.add_many(("c",), pa.array([1, 2]), lanes))
+    assert store.transact(lambda t: counters(t, ("c",), [1, 2], 3)) == [(10, 1, 0), (2, 3, 0)]
+    assert decode_int64s(None, 2) == (0, 0)
+
+
+def test_counter_lanes_are_checked(store: Store) -> None:
+    txn = store.create_transaction()
+    with pytest.raises(ValueError, match="without columns"):
+        txn.add_many(("c",), pa.array([1]), pa.record_batch({}))
+    with pytest.raises(TypeError, match="must be integers"):
+        txn.add_many(("c",), pa.array([1]), pa.record_batch({"f": pa.array([1.5])}))
+    with pytest.raises(ValueError, match="2 keys but 1 deltas"):
+        txn.add_many(("c",), pa.array([1, 2]), pa.record_batch({"n": pa.array([1])}))
+    wide = pa.record_batch({f"c{i}": pa.array([1]) for i in range(20_000)})
+    with pytest.raises(ValueTooLargeError):
+        txn.add_many(("c",), pa.array([1]), wide)
+    txn.reset()
 
 
 def test_write_size_accounts_for_writes(store: Store) -> None:

@@ -12,7 +12,16 @@ Backends: ``sqlite:///abs/path.db`` (embedded, the default) and ``fdb://`` /
 """
 
 from millstream.state.base import Store, StoreTransaction
-from millstream.state.keys import Key, decode_int64, encode_int64, pack, unpack
+from millstream.state.keys import (
+    Key,
+    add_int64s,
+    decode_int64,
+    decode_int64s,
+    encode_int64,
+    encode_int64s,
+    pack,
+    unpack,
+)
 from millstream.state.limits import DEFAULT_LIMITS, StoreLimits
 from millstream.state.url import ACCEPTED_FORMS, open_store, parse_store_url
 
@@ -23,8 +32,11 @@ __all__ = [
     "Store",
     "StoreLimits",
     "StoreTransaction",
+    "add_int64s",
     "decode_int64",
+    "decode_int64s",
     "encode_int64",
+    "encode_int64s",
     "open_store",
     "pack",
     "parse_store_url",

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -106,6 +107,17 @@ def _key_order(keys: pa.Array) -> pa.Array | None:
         return None
     order: pa.Array = pc.sort_indices(keys)
     return order
+
+
+def _delta_columns(
+    deltas: pa.Array | pa.ChunkedArray | Sequence[int] | pa.RecordBatch | pa.Table,
+) -> list[pa.Array]:
+    """The columns of :meth:`StoreTransaction.add_many`'s ``deltas``: one, or one per lane."""
+    if isinstance(deltas, pa.RecordBatch | pa.Table):
+        if deltas.num_columns == 0:
+            raise ValueError("add_many got deltas without columns; give at least one")
+        return [_as_array(column) for column in deltas.columns]
+    return [_as_array(deltas)]
 
 
 def _as_array(values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> pa.Array:
@@ -356,35 +368,55 @@ class StoreTransaction(ABC):
         self,
         keyspace: Key,
         keys: pa.Array | Sequence[Any],
-        deltas: pa.Array | Sequence[int],
+        deltas: pa.Array | Sequence[int] | pa.RecordBatch | pa.Table,
     ) -> None:
         """Atomically add ``deltas[i]`` to ``keyspace + (keys[i],)`` for every i.
 
         The batch form of :meth:`add` for reducers folding many keys into their state. Keys
         may repeat; every delta is added.
 
+        Several counters per key go in one call as int columns (a ``RecordBatch`` or
+        ``Table``): each key then holds one value with one int64 per column, its *lanes*,
+        little-endian and back to back, and the columns are added lane by lane (each lane
+        wraps around in 64 bits like :meth:`add`; a stored value of another width is first
+        cut or zero-extended to this one's). One stored entry per key instead of one per
+        counter: a fraction of the bytes a commit writes. Read them back with
+        :func:`~millstream.state.decode_int64s`. On SQLite the lanes are added in the
+        commit; FoundationDB's atomic add covers one integer, so there the lanes are read
+        and rewritten (a read of each key, conflict-checked like any read; only the key's
+        own reducer writes it).
+
         Args:
             keyspace: Tuple prefix shared by the keys.
             keys: Arrow array (or sequence) of key elements: ints, strings or binaries.
-            deltas: Arrow int64 array (or sequence of ints) aligned with ``keys``.
+            deltas: Arrow int array (or sequence of ints) aligned with ``keys``, or int
+                columns aligned with it (one lane per column).
         """
         self._start_write()
         key_array = _as_array(keys)
-        array = _as_array(deltas)
-        if len(array) != len(key_array):
-            raise ValueError(f"add_many got {len(key_array)} keys but {len(array)} deltas")
+        columns = _delta_columns(deltas)
+        for column in columns:
+            if len(column) != len(key_array):
+                raise ValueError(f"add_many got {len(key_array)} keys but {len(column)} deltas")
+            if column.null_count:
+                raise ConfigurationError("add_many deltas must not contain nulls")
+            if not pa.types.is_integer(column.type):
+                raise TypeError(f"add_many deltas must be integers; got {column.type}")
         order = _key_order(key_array)
         if order is not None:
-            key_array, array = key_array.take(order), array.take(order)
+            key_array = key_array.take(order)
+            columns = [column.take(order) for column in columns]
         raw = self._batch_keys(keyspace, key_array)
-        if array.null_count:
-            raise ConfigurationError("add_many deltas must not contain nulls")
-        if not pa.types.is_integer(array.type):
-            raise TypeError(f"add_many deltas must be an integer array; got {array.type}")
+        width = 8 * len(columns)
         if raw:
-            self._grow(sum(map(len, raw)) + 8 * len(raw))
-        values = array.cast(pa.int64()).to_numpy(zero_copy_only=False).tolist()
-        self._raw_add_many(raw, values)
+            self._limits.check_value(raw[0], width)
+            self._grow(sum(map(len, raw)) + width * len(raw))
+        lanes = [column.cast(pa.int64()).to_numpy(zero_copy_only=False) for column in columns]
+        if len(lanes) == 1:
+            self._raw_add_many(raw, lanes[0].tolist())
+            return
+        packed = np.ascontiguousarray(np.column_stack(lanes), dtype="<i8").tobytes()
+        self._raw_add_lanes(raw, [packed[i : i + width] for i in range(0, len(packed), width)])
 
     def scoped(self, prefix: Key) -> StoreTransaction:
         """This transaction seen under another store prefix of the same database.
@@ -452,6 +484,11 @@ class StoreTransaction(ABC):
     def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None: ...
 
     @abstractmethod
+    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+        """Add each of ``deltas`` (int64 lanes, see :func:`~millstream.state.add_int64s`)
+        to its key, in order."""
+
+    @abstractmethod
     def _raw_commit(self) -> None: ...
 
     @abstractmethod
@@ -507,6 +544,9 @@ class _ScopedTransaction(StoreTransaction):
 
     def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None:
         self._parent._raw_add_many(keys, deltas)
+
+    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+        self._parent._raw_add_lanes(keys, deltas)
 
     def _raw_commit(self) -> None:
         raise TypeError("a scoped view does not commit: commit the transaction it views")

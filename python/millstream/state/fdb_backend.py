@@ -30,7 +30,7 @@ from millstream.exceptions import (
     ValueTooLargeError,
 )
 from millstream.state.base import Store, StoreTransaction
-from millstream.state.keys import Key
+from millstream.state.keys import Key, add_int64s
 from millstream.state.limits import StoreLimits
 
 FDB_API_VERSION = 730
@@ -338,6 +338,20 @@ class FdbTransaction(StoreTransaction):
             pack = _INT64.pack
             for k, d in zip(keys, deltas, strict=True):
                 add(k, pack(d))
+
+    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+        # FoundationDB's ADD treats a whole value as one integer (a carry would cross into
+        # the next lane), so the lanes are read and written back; reads see this
+        # transaction's earlier writes, and conflict like any read.
+        combined: dict[bytes, bytes] = {}
+        for k, d in zip(keys, deltas, strict=True):
+            previous = combined.get(k)
+            combined[k] = d if previous is None else add_int64s(previous, d)
+        with self._errors("add_many"):
+            futures = [(k, self._tr.get(k)) for k in combined]
+            set_ = self._tr.set
+            for k, future in futures:
+                set_(k, add_int64s(future.wait().value, combined[k]))
 
     def _raw_commit(self) -> None:
         with self._errors("commit"):

@@ -86,6 +86,39 @@ def decode_int64(value: bytes) -> int:
     return result
 
 
+def encode_int64s(values: Sequence[int]) -> bytes:
+    """Encode several counters as one value: little-endian int64s back to back (lanes)."""
+    return struct.pack(f"<{len(values)}q", *(wrap_int64(int(v)) for v in values))
+
+
+def decode_int64s(value: bytes | None, width: int) -> tuple[int, ...]:
+    """Decode ``width`` counters from a value written by a vector add (zeros when absent).
+
+    A value of another width is cut or zero-extended to ``width`` lanes, as a vector add of
+    that width would treat it.
+    """
+    raw = (value or b"")[: 8 * width].ljust(8 * width, b"\x00")
+    return struct.unpack(f"<{width}q", raw)
+
+
+def add_int64s(base: bytes | None, delta: bytes) -> bytes:
+    """``base`` plus ``delta`` lane by lane (each lane an int64 wrapping around in 64 bits).
+
+    The result has ``delta``'s width: a shorter ``base`` (or none) is zero-extended and a
+    longer one cut, the rule FoundationDB's ``ADD`` applies to the whole value. One lane is
+    exactly :func:`encode_int64` of the atomic-add sum.
+    """
+    width = len(delta) // 8
+    lanes = struct.Struct(f"<{width}Q")
+    raw = (base or b"")[: len(delta)].ljust(len(delta), b"\x00")
+    return lanes.pack(
+        *(
+            (a + b) & _UINT64_MAX
+            for a, b in zip(lanes.unpack(raw), lanes.unpack(delta), strict=True)
+        )
+    )
+
+
 def wrap_int64(value: int) -> int:
     """Wrap an int into the signed 64-bit range (two's complement overflow)."""
     value %= _UINT64_MOD

@@ -148,6 +148,9 @@ class ReplayingTransaction(StoreTransaction):
     def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None:
         self._do("_raw_add_many", (keys, deltas), _WRITE)
 
+    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+        self._do("_raw_add_lanes", (keys, deltas), _WRITE)
+
     # -- lifecycle ----------------------------------------------------------------------
 
     def commit(self) -> None:

@@ -7,8 +7,11 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 from millstream.state.keys import (
+    add_int64s,
     decode_int64,
+    decode_int64s,
     encode_int64,
+    encode_int64s,
     encode_keys,
     pack,
     range_of,
@@ -83,6 +86,30 @@ def test_short_and_long_values_decode_like_fdb_add() -> None:
     assert decode_int64(b"\x01") == 1
     assert decode_int64(b"") == 0
     assert decode_int64(encode_int64(-5) + b"extra") == -5
+
+
+int64s = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@given(st.lists(st.tuples(int64s, int64s), min_size=1, max_size=6), st.booleans())
+def test_counter_lanes_add_each_lane_like_fdb_add(
+    pairs: list[tuple[int, int]], absent: bool
+) -> None:
+    base = None if absent else encode_int64s([b for b, _ in pairs])
+    total = add_int64s(base, encode_int64s([d for _, d in pairs]))
+    expected = [wrap_int64((0 if absent else b) + d) for b, d in pairs]
+    assert decode_int64s(total, len(pairs)) == tuple(expected)
+    # A lane is exactly one atomic-add value.
+    assert [total[8 * i : 8 * i + 8] for i in range(len(pairs))] == [
+        encode_int64(e) for e in expected
+    ]
+
+
+def test_counter_lanes_of_another_width_are_cut_or_zero_extended() -> None:
+    assert add_int64s(encode_int64s([1, 2, 3]), encode_int64s([10, 10])) == encode_int64s([11, 12])
+    assert add_int64s(encode_int64(5), encode_int64s([1, 1])) == encode_int64s([6, 1])
+    assert decode_int64s(encode_int64s([7, 8]), 3) == (7, 8, 0)
+    assert decode_int64s(None, 2) == (0, 0)
 
 
 def test_ranges() -> None:

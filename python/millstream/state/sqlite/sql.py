@@ -13,7 +13,7 @@ from millstream.exceptions import (
     StoreError,
     StoreUnavailableError,
 )
-from millstream.state.keys import decode_int64, wrap_int64
+from millstream.state.keys import add_int64s, decode_int64, wrap_int64
 
 APPLICATION_ID = 0x4D534D31
 """``PRAGMA application_id`` of a millstream store file ('MSM1')."""
@@ -108,6 +108,11 @@ SQL_ADD = (
     "ELSE ms_add(value, ?2) END"
 )
 
+SQL_ADD_LANES = (
+    "INSERT INTO kv(key, value) VALUES (?1, ?2) "
+    "ON CONFLICT(key) DO UPDATE SET value = ms_add_lanes(value, ?2)"
+)
+
 
 def norm(value: Any) -> bytes:
     """A stored value as bytes (INTEGERs are atomic-add results)."""
@@ -122,6 +127,11 @@ def sql_add(value: Any, delta: int) -> int:
     """SQL function ``ms_add``: FoundationDB ADD on a stored value; returns an INTEGER."""
     base = 0 if value is None else decode_int64(norm(value))
     return wrap_int64(base + delta)
+
+
+def sql_add_lanes(value: Any, delta: bytes) -> bytes:
+    """SQL function ``ms_add_lanes``: a vector add (int64 lanes) on a stored value."""
+    return add_int64s(None if value is None else norm(value), delta)
 
 
 def map_sqlite_error(exc: sqlite3.Error, path: str, busy_timeout_ms: int) -> StoreError:

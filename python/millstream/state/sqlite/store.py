@@ -24,6 +24,7 @@ from millstream.state.sqlite.sql import (
     begin_transaction,
     map_sqlite_error,
     sql_add,
+    sql_add_lanes,
 )
 from millstream.state.sqlite.transaction import SqliteTransaction
 
@@ -102,6 +103,7 @@ class SqliteStore(Store):
             )
             begin_transaction(conn, settings, self._busy_timeout_ms)
             conn.create_function("ms_add", 2, sql_add, deterministic=True)
+            conn.create_function("ms_add_lanes", 2, sql_add_lanes, deterministic=True)
         except sqlite3.Error as exc:
             conn.close()
             raise self.error(exc) from exc

@@ -15,6 +15,7 @@ from millstream.state.base import StoreTransaction
 from millstream.state.sqlite.sql import (
     IN_CHUNK,
     SQL_ADD,
+    SQL_ADD_LANES,
     SQL_CLEAR,
     SQL_CLEAR_RANGE,
     SQL_GET,
@@ -28,11 +29,12 @@ from millstream.state.sqlite.write_buffer import (
     CLEAR,
     SET,
     BatchAdd,
+    BatchAddLanes,
     BatchSet,
     ClearRange,
     Op,
     PointOps,
-    add_bytes,
+    apply_adds,
     compose,
 )
 
@@ -79,13 +81,13 @@ class SqliteTransaction(StoreTransaction):
 
     # -- read-your-writes ---------------------------------------------------------------
 
-    def _buffered(self, key: bytes) -> tuple[bool, bytes | None, int | None]:
+    def _buffered(self, key: bytes) -> tuple[bool, bytes | None, list[int | bytes] | None]:
         """Resolve ``key`` against the write buffer.
 
-        Returns ``(resolved, value, pending_add)``: when ``resolved`` is false the stored
-        value is needed, plus ``pending_add`` if not None.
+        Returns ``(resolved, value, pending_adds)``: when ``resolved`` is false the stored
+        value is needed, plus the adds in ``pending_adds`` (oldest first) if not None.
         """
-        pending: int | None = None
+        pending: list[int | bytes] = []
         for op in reversed(self._log):
             if isinstance(op, PointOps):
                 entry = op.ops.get(key)
@@ -93,7 +95,7 @@ class SqliteTransaction(StoreTransaction):
                     continue
                 kind, payload = entry
                 if kind == ADD:
-                    pending = payload if pending is None else pending + payload
+                    pending.append(payload)
                     continue
                 base = payload if kind == SET else None
             elif isinstance(op, ClearRange):
@@ -109,12 +111,12 @@ class SqliteTransaction(StoreTransaction):
                 delta = op.index().get(key)
                 if delta is None:
                     continue
-                pending = delta if pending is None else pending + delta
+                pending.append(delta)
                 continue
-            if pending is None:
+            if not pending:
                 return True, base, None
-            return True, add_bytes(base, pending), None
-        return False, None, pending
+            return True, apply_adds(base, pending[::-1]), None
+        return False, None, pending[::-1] or None
 
     def _overlay(self, begin: bytes, end: bytes) -> dict[bytes, bytes | None]:
         """Buffered keys in ``[begin, end)`` with their read-your-writes values."""
@@ -122,7 +124,7 @@ class SqliteTransaction(StoreTransaction):
         for op in self._log:
             if isinstance(op, PointOps):
                 candidates: Iterable[bytes] = op.ops
-            elif isinstance(op, BatchSet | BatchAdd):
+            elif isinstance(op, BatchSet | BatchAdd | BatchAddLanes):
                 candidates = op.index()
             else:
                 continue
@@ -141,7 +143,7 @@ class SqliteTransaction(StoreTransaction):
         if resolved:
             return value
         stored = self._db_get(key, snapshot)
-        return stored if pending is None else add_bytes(stored, pending)
+        return stored if pending is None else apply_adds(stored, pending)
 
     def _db_get(self, key: bytes, snapshot: bool) -> bytes | None:
         if not snapshot and key in self._reads:
@@ -181,7 +183,7 @@ class SqliteTransaction(StoreTransaction):
                 out.append(value)
             else:
                 stored = found.get(k)
-                out.append(stored if pending is None else add_bytes(stored, pending))
+                out.append(stored if pending is None else apply_adds(stored, pending))
         return out
 
     def _fetch_many(self, conn: sqlite3.Connection, keys: list[bytes]) -> dict[bytes, bytes]:
@@ -283,6 +285,10 @@ class SqliteTransaction(StoreTransaction):
         if keys:
             self._log.append(BatchAdd(keys, deltas))
 
+    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+        if keys:
+            self._log.append(BatchAddLanes(keys, deltas))
+
     def _raw_clear_range(self, begin: bytes, end: bytes) -> None:
         self._log.append(ClearRange(begin, end))
 
@@ -326,8 +332,10 @@ class SqliteTransaction(StoreTransaction):
                 conn.execute(SQL_CLEAR_RANGE, (op.begin, op.end))
             elif isinstance(op, BatchSet):
                 conn.executemany(SQL_SET, zip(op.keys, op.values, strict=True))
-            else:
+            elif isinstance(op, BatchAdd):
                 conn.executemany(SQL_ADD, zip(op.keys, op.deltas, strict=True))
+            else:
+                conn.executemany(SQL_ADD_LANES, zip(op.keys, op.deltas, strict=True))
 
     def _raw_commit(self) -> None:
         if not self._log:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from millstream.state.keys import decode_int64, encode_int64, wrap_int64
+from millstream.state.keys import add_int64s, decode_int64, encode_int64, wrap_int64
 
 SET, CLEAR, ADD = 0, 1, 2
 """Kinds of a point write."""
@@ -15,6 +15,16 @@ SET, CLEAR, ADD = 0, 1, 2
 def add_bytes(base: bytes | None, delta: int) -> bytes:
     """``base`` (an 8-byte value or nothing) plus ``delta``, as atomic add computes it."""
     return encode_int64(wrap_int64((decode_int64(base) if base else 0) + delta))
+
+
+def apply_adds(base: bytes | None, deltas: list[int | bytes]) -> bytes:
+    """``base`` after the pending adds ``deltas`` in order: ints (:meth:`add`) or int64
+    lanes (:func:`~millstream.state.add_int64s`)."""
+    value = base
+    for delta in deltas:
+        value = add_int64s(value, delta) if isinstance(delta, bytes) else add_bytes(value, delta)
+    assert value is not None
+    return value
 
 
 @dataclass
@@ -59,7 +69,25 @@ class BatchAdd:
         return self._index
 
 
-Op = PointOps | ClearRange | BatchSet | BatchAdd
+@dataclass
+class BatchAddLanes:
+    """An ``add_many`` of several counters per key: each delta is int64 lanes."""
+
+    keys: list[bytes]
+    deltas: list[bytes]
+    _index: dict[bytes, bytes] | None = None
+
+    def index(self) -> dict[bytes, bytes]:
+        if self._index is None:
+            index: dict[bytes, bytes] = {}
+            for k, d in zip(self.keys, self.deltas, strict=True):
+                previous = index.get(k)
+                index[k] = d if previous is None else add_int64s(previous, d)
+            self._index = index
+        return self._index
+
+
+Op = PointOps | ClearRange | BatchSet | BatchAdd | BatchAddLanes
 
 
 def compose(prev: tuple[int, Any] | None, kind: int, payload: Any) -> tuple[int, Any]:
