@@ -383,8 +383,10 @@ class StoreTransaction(ABC):
         counter: a fraction of the bytes a commit writes. Read them back with
         :func:`~millstream.state.decode_int64s`. On SQLite the lanes are added in the
         commit; FoundationDB's atomic add covers one integer, so there the lanes are read
-        and rewritten (a read of each key, conflict-checked like any read; only the key's
-        own reducer writes it).
+        and rewritten: a read of each key, conflict-checked like any read. That costs
+        nothing extra for keys one reducer owns (a keyed aggregation's); a key that several
+        reducers add to (a global total) is better kept as single counters, whose adds
+        never conflict.
 
         Args:
             keyspace: Tuple prefix shared by the keys.

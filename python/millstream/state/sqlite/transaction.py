@@ -29,7 +29,6 @@ from millstream.state.sqlite.write_buffer import (
     CLEAR,
     SET,
     BatchAdd,
-    BatchAddLanes,
     BatchSet,
     ClearRange,
     Op,
@@ -124,7 +123,7 @@ class SqliteTransaction(StoreTransaction):
         for op in self._log:
             if isinstance(op, PointOps):
                 candidates: Iterable[bytes] = op.ops
-            elif isinstance(op, BatchSet | BatchAdd | BatchAddLanes):
+            elif isinstance(op, BatchSet | BatchAdd):
                 candidates = op.index()
             else:
                 continue
@@ -287,7 +286,7 @@ class SqliteTransaction(StoreTransaction):
 
     def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
         if keys:
-            self._log.append(BatchAddLanes(keys, deltas))
+            self._log.append(BatchAdd(keys, deltas))
 
     def _raw_clear_range(self, begin: bytes, end: bytes) -> None:
         self._log.append(ClearRange(begin, end))
@@ -332,10 +331,9 @@ class SqliteTransaction(StoreTransaction):
                 conn.execute(SQL_CLEAR_RANGE, (op.begin, op.end))
             elif isinstance(op, BatchSet):
                 conn.executemany(SQL_SET, zip(op.keys, op.values, strict=True))
-            elif isinstance(op, BatchAdd):
-                conn.executemany(SQL_ADD, zip(op.keys, op.deltas, strict=True))
             else:
-                conn.executemany(SQL_ADD_LANES, zip(op.keys, op.deltas, strict=True))
+                sql = SQL_ADD_LANES if op.lanes else SQL_ADD
+                conn.executemany(sql, zip(op.keys, op.deltas, strict=True))
 
     def _raw_commit(self) -> None:
         if not self._log:

@@ -54,40 +54,34 @@ class BatchSet:
 
 @dataclass
 class BatchAdd:
-    keys: list[bytes]
-    deltas: list[int]
-    _index: dict[bytes, int] | None = None
+    """An ``add_many``: int deltas (one counter per key) or int64 lanes (several, as bytes)."""
 
-    def index(self) -> dict[bytes, int]:
+    keys: list[bytes]
+    deltas: list[int] | list[bytes]
+    _index: dict[bytes, Any] | None = None
+
+    @property
+    def lanes(self) -> bool:
+        return bool(self.deltas) and isinstance(self.deltas[0], bytes)
+
+    def index(self) -> dict[bytes, Any]:
         if self._index is None:
             index = dict(zip(self.keys, self.deltas, strict=True))
             if len(index) != len(self.keys):
                 index = {}
                 for k, d in zip(self.keys, self.deltas, strict=True):
-                    index[k] = index.get(k, 0) + d
+                    previous = index.get(k)
+                    index[k] = d if previous is None else _then(previous, d)
             self._index = index
         return self._index
 
 
-@dataclass
-class BatchAddLanes:
-    """An ``add_many`` of several counters per key: each delta is int64 lanes."""
-
-    keys: list[bytes]
-    deltas: list[bytes]
-    _index: dict[bytes, bytes] | None = None
-
-    def index(self) -> dict[bytes, bytes]:
-        if self._index is None:
-            index: dict[bytes, bytes] = {}
-            for k, d in zip(self.keys, self.deltas, strict=True):
-                previous = index.get(k)
-                index[k] = d if previous is None else add_int64s(previous, d)
-            self._index = index
-        return self._index
+def _then(first: Any, second: Any) -> Any:
+    """Two deltas of one batch on one key, as one (same kind: one batch has one width)."""
+    return add_int64s(first, second) if isinstance(first, bytes) else first + second
 
 
-Op = PointOps | ClearRange | BatchSet | BatchAdd | BatchAddLanes
+Op = PointOps | ClearRange | BatchSet | BatchAdd
 
 
 def compose(prev: tuple[int, Any] | None, kind: int, payload: Any) -> tuple[int, Any]:
