@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from millstream.exceptions import ConfigurationError, DuplicateSequenceError
 from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import OUTPUT
-from millstream.state.keys import decode_int64
+from millstream.state.keys import decode_int64s
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -136,7 +136,7 @@ def output_table(
     keyspace: Sequence[Any],
     *,
     key_names: Sequence[str] = ("key",),
-    value_name: str = "value",
+    value_name: str | Sequence[str] = "value",
     decode: Literal["int64", "bytes"] = "int64",
     schema: pa.Schema | None = None,
 ) -> pa.Table:
@@ -144,7 +144,12 @@ def output_table(
 
     Each key under ``("out", *keyspace)`` gives one row: its remaining tuple elements in the
     ``key_names`` columns, then the value (an int64 counter written with ``add``/``add_many``
-    when ``decode="int64"``, else the raw bytes).
+    when ``decode="int64"``, else the raw bytes). Keys holding several counters (``add_many``
+    of several columns) give one int64 column each: name them, in order, in ``value_name``.
+
+    Raises:
+        ConfigurationError: The keys have another number of elements than ``key_names``,
+            or their values hold more counters than ``value_name`` names.
     """
     prefix = (*OUTPUT, *keyspace)
     store = processor.open_store()
@@ -162,17 +167,31 @@ def output_table(
                 f"but key_names names {width}: {list(key_names)}"
             )
     columns = {name: [key[i] for key, _ in rows] for i, name in enumerate(key_names)}
+    names = [value_name] if isinstance(value_name, str) else list(value_name)
+    values: dict[str, list[Any]]
     if decode == "int64":
-        values: list[Any] = [decode_int64(value) for _, value in rows]
+        widest = max((len(value) for _, value in rows), default=0) // 8
+        if widest > len(names):
+            raise ConfigurationError(
+                f"values under {tuple(keyspace)!r} hold up to {widest} counters (add_many of "
+                f"several columns) but value_name names {len(names)}: {names}. Name each "
+                "counter, in order: value_name=(...)"
+            )
+        lanes = [decode_int64s(value, len(names)) for _, value in rows]
+        values = {name: [lane[i] for lane in lanes] for i, name in enumerate(names)}
         value_type = pa.int64()
     else:
-        values = [value for _, value in rows]
+        if len(names) != 1:
+            raise ConfigurationError(
+                f"decode='bytes' gives one value column; value_name names {len(names)}"
+            )
+        values = {names[0]: [value for _, value in rows]}
         value_type = pa.binary()
     if schema is not None:
-        data = {**columns, value_name: values}
+        data = {**columns, **values}
         return pa.table({f.name: pa.array(data[f.name], f.type) for f in schema}, schema=schema)
     arrays = {name: pa.array(col, _column_type(col)) for name, col in columns.items()}
-    arrays[value_name] = pa.array(values, value_type)
+    arrays.update({name: pa.array(col, value_type) for name, col in values.items()})
     return pa.table(arrays)
 
 
@@ -182,7 +201,7 @@ def read_output(
     keyspace: Sequence[Any],
     *,
     key_names: Sequence[str] = ("key",),
-    value_name: str = "value",
+    value_name: str | Sequence[str] = "value",
     decode: Literal["int64", "bytes"] = "int64",
     schema: pa.Schema | None = None,
 ) -> Any:
