@@ -30,7 +30,7 @@ from millstream.exceptions import (
     ValueTooLargeError,
 )
 from millstream.state.base import Store, StoreTransaction
-from millstream.state.keys import Key, add_int64s
+from millstream.state.keys import Key, add_int64s, fold_int64s
 from millstream.state.limits import StoreLimits
 
 FDB_API_VERSION = 730
@@ -343,10 +343,7 @@ class FdbTransaction(StoreTransaction):
         # FoundationDB's ADD treats a whole value as one integer (a carry would cross into
         # the next lane), so the lanes are read and written back; reads see this
         # transaction's earlier writes, and conflict like any read.
-        combined: dict[bytes, bytes] = {}
-        for k, d in zip(keys, deltas, strict=True):
-            previous = combined.get(k)
-            combined[k] = d if previous is None else add_int64s(previous, d)
+        combined = fold_int64s(keys, deltas)
         with self._errors("add_many"):
             futures = [(k, self._tr.get(k)) for k in combined]
             set_ = self._tr.set

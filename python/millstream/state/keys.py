@@ -119,6 +119,15 @@ def add_int64s(base: bytes | None, delta: bytes) -> bytes:
     )
 
 
+def fold_int64s(keys: Sequence[bytes], deltas: Sequence[bytes]) -> dict[bytes, bytes]:
+    """Each key's lane deltas added together, for a batch in which keys may repeat."""
+    folded: dict[bytes, bytes] = {}
+    for key, delta in zip(keys, deltas, strict=True):
+        previous = folded.get(key)
+        folded[key] = delta if previous is None else add_int64s(previous, delta)
+    return folded
+
+
 def wrap_int64(value: int) -> int:
     """Wrap an int into the signed 64-bit range (two's complement overflow)."""
     value %= _UINT64_MOD

@@ -4,9 +4,15 @@ so that reads see them before the commit applies them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from millstream.state.keys import add_int64s, decode_int64, encode_int64, wrap_int64
+from millstream.state.keys import (
+    add_int64s,
+    decode_int64,
+    encode_int64,
+    fold_int64s,
+    wrap_int64,
+)
 
 SET, CLEAR, ADD = 0, 1, 2
 """Kinds of a point write."""
@@ -66,19 +72,17 @@ class BatchAdd:
 
     def index(self) -> dict[bytes, Any]:
         if self._index is None:
-            index = dict(zip(self.keys, self.deltas, strict=True))
+            if self.lanes:
+                self._index = fold_int64s(self.keys, cast(list[bytes], self.deltas))
+                return self._index
+            ints = cast(list[int], self.deltas)
+            index: dict[bytes, int] = dict(zip(self.keys, ints, strict=True))
             if len(index) != len(self.keys):
                 index = {}
-                for k, d in zip(self.keys, self.deltas, strict=True):
-                    previous = index.get(k)
-                    index[k] = d if previous is None else _then(previous, d)
+                for k, d in zip(self.keys, ints, strict=True):
+                    index[k] = index.get(k, 0) + d
             self._index = index
         return self._index
-
-
-def _then(first: Any, second: Any) -> Any:
-    """Two deltas of one batch on one key, as one (same kind: one batch has one width)."""
-    return add_int64s(first, second) if isinstance(first, bytes) else first + second
 
 
 Op = PointOps | ClearRange | BatchSet | BatchAdd
