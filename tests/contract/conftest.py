@@ -1,6 +1,7 @@
 """Fixtures for the state store contract suite: every test runs on every available backend.
 
-SQLite always runs. FoundationDB runs when libfdb_c loads and a cluster file exists
+SQLite always runs, twice: as configured by default, and with every ``add_many`` kept as a
+delta run. FoundationDB runs when libfdb_c loads and a cluster file exists
 (``$MILLSTREAM_FDB_CLUSTER_FILE``, else ``/etc/foundationdb/fdb.cluster``); otherwise its
 cases are skipped with the reason.
 """
@@ -20,6 +21,9 @@ FDB_CLUSTER_FILE = os.environ.get("MILLSTREAM_FDB_CLUSTER_FILE", DEFAULT_CLUSTER
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
+    # Every add_many a delta run (millstream.state.sqlite.runs), so that reads, conflict
+    # checks and mixed writes go through the runs as well as the table.
+    pytest.param("sqlite-runs", id="sqlite-runs"),
     pytest.param("fdb", id="fdb", marks=pytest.mark.fdb),
 ]
 
@@ -29,6 +33,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store URL per backend (a fresh SQLite file; the FoundationDB cluster)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'store.db'}"
+    if request.param == "sqlite-runs":
+        return f"sqlite:///{tmp_path / 'store.db'}?run_min_keys=1"
     reason = fdb_availability(FDB_CLUSTER_FILE)
     if reason is not None:
         pytest.skip(reason.split(" Install ")[0])

@@ -13,12 +13,12 @@ from millstream.state.limits import StoreLimits
 
 ACCEPTED_FORMS = (
     "sqlite:///absolute/path/to/file.db[?busy_timeout_ms=10000&synchronous=full|normal"
-    "&checkpoint_pages=16384]",
+    "&checkpoint_pages=16384&run_min_keys=16384]",
     "fdb:// (the default cluster file)",
     "fdb:///path/to/fdb.cluster[?timeout_ms=10000]",
 )
 
-_SQLITE_OPTIONS = {"busy_timeout_ms", "synchronous", "checkpoint_pages"}
+_SQLITE_OPTIONS = {"busy_timeout_ms", "synchronous", "checkpoint_pages", "run_min_keys"}
 _FDB_OPTIONS = {"timeout_ms"}
 
 
@@ -109,6 +109,7 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
             DEFAULT_CHECKPOINT_PAGES,
             SqliteStore,
         )
+        from millstream.state.sqlite.runs import DEFAULT_RUN_MIN_KEYS
 
         assert parsed.path is not None
         sync = parsed.options.get("synchronous", "full").upper()
@@ -126,6 +127,7 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
             checkpoint_pages=_int_option(
                 url, parsed.options, "checkpoint_pages", DEFAULT_CHECKPOINT_PAGES
             ),
+            run_min_keys=_int_option(url, parsed.options, "run_min_keys", DEFAULT_RUN_MIN_KEYS),
         )
     from millstream.state.fdb_backend import DEFAULT_TIMEOUT_MS, FdbStore
 

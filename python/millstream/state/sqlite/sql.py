@@ -33,7 +33,8 @@ deletes it) take longer, and SQLite answers a connection that starts a transacti
 that clean-up with SQLITE_BUSY without waiting; :func:`begin_transaction` retries those.
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: the key-value table; 2: and the delta runs (:mod:`millstream.state.sqlite.runs`)."""
 
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 """How long a commit waits for another process's commit before the store counts as locked."""
@@ -94,8 +95,6 @@ INT64 = struct.Struct("<q")
 IN_CHUNK = 500
 
 SQL_GET = "SELECT value FROM kv WHERE key = ?"
-SQL_START_READ = "SELECT 1 FROM kv LIMIT 1"
-"""Any read of the table: in a deferred transaction it takes the snapshot."""
 SQL_SET = (
     "INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
 )

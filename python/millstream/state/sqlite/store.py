@@ -26,6 +26,7 @@ from millstream.state.sqlite.sql import (
     sql_add,
     sql_add_lanes,
 )
+from millstream.state.sqlite.runs import DEFAULT_RUN_MIN_KEYS, SQL_CREATE_RUNS, RunCache
 from millstream.state.sqlite.transaction import SqliteTransaction
 
 
@@ -48,6 +49,7 @@ class SqliteStore(Store):
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         synchronous: str = "FULL",
         checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
+        run_min_keys: int = DEFAULT_RUN_MIN_KEYS,
         clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(url, prefix, limits)
@@ -57,6 +59,9 @@ class SqliteStore(Store):
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
         self._checkpoint_pages = checkpoint_pages
+        self.run_min_keys = run_min_keys
+        """Keys an ``add_many`` needs to be stored as a delta run (0: never)."""
+        self.run_cache = RunCache()
         self._lock = threading.Lock()
         self._pool: list[sqlite3.Connection] = []
         self._pid = os.getpid()
@@ -139,11 +144,19 @@ class SqliteStore(Store):
                     "CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY NOT NULL, "
                     "value NOT NULL) WITHOUT ROWID"
                 )
+                conn.execute(SQL_CREATE_RUNS)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             else:
                 version = query("PRAGMA user_version")[0][0]
+                if version == 1 and "kv" in tables:
+                    # Version 1 had no delta runs: the same store with an empty runs table.
+                    begin_transaction(conn, ("BEGIN IMMEDIATE",), self._busy_timeout_ms)
+                    conn.execute(SQL_CREATE_RUNS)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    conn.execute("COMMIT")
+                    version = SCHEMA_VERSION
                 if version != SCHEMA_VERSION or "kv" not in tables:
                     raise StoreCorruptError(
                         f"SQLite store {self._path} has schema version {version}, expected "

@@ -4,6 +4,7 @@ commit that re-checks what it read under the write lock (optimistic, key-granula
 from __future__ import annotations
 
 import hashlib
+import logging
 import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -20,9 +21,18 @@ from millstream.state.sqlite.sql import (
     SQL_CLEAR_RANGE,
     SQL_GET,
     SQL_SET,
-    SQL_START_READ,
     begin_transaction,
     norm,
+)
+from millstream.state.sqlite.runs import (
+    SQL_LIST_RUNS,
+    RunInfo,
+    RunWriter,
+    fold_range,
+    fold_value,
+    list_runs,
+    merge_due,
+    merge_runs,
 )
 from millstream.state.sqlite.write_buffer import (
     ADD,
@@ -36,6 +46,8 @@ from millstream.state.sqlite.write_buffer import (
     apply_adds,
     compose,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from millstream.state.sqlite.store import SqliteStore
@@ -51,6 +63,8 @@ class SqliteTransaction(StoreTransaction):
         self._log: list[Op] = []
         self._reads: dict[bytes, bytes | None] = {}
         self._ranges: list[tuple[bytes, bytes, bool, bytes]] = []
+        self._runs: list[RunInfo] = []
+        """The delta runs of the read snapshot (see :mod:`millstream.state.sqlite.runs`)."""
 
     # -- connection ---------------------------------------------------------------------
 
@@ -58,11 +72,15 @@ class SqliteTransaction(StoreTransaction):
         if self._conn is None:
             conn = self._sqlite.checkout()
             try:
-                # Start the snapshot now: a busy answer is retried here, not on a later read.
-                begin_transaction(conn, ("BEGIN", SQL_START_READ), self._sqlite.busy_timeout_ms)
+                # Start the snapshot now (listing its runs): a busy answer is retried here,
+                # not on a later read.
+                rows = begin_transaction(
+                    conn, ("BEGIN", SQL_LIST_RUNS), self._sqlite.busy_timeout_ms
+                )
             except sqlite3.Error as exc:
                 self._sqlite.release(conn)
                 raise self._sqlite.error(exc) from exc
+            self._runs = [RunInfo(*row) for row in rows]
             self._conn = conn
         return self._conn
 
@@ -150,9 +168,11 @@ class SqliteTransaction(StoreTransaction):
         conn = self._reader()
         try:
             row = conn.execute(SQL_GET, (key,)).fetchone()
+            value = None if row is None else norm(row[0])
+            if self._runs:
+                value = fold_value(self._sqlite.run_cache, conn, self._runs, key, value)
         except sqlite3.Error as exc:
             raise self._sqlite.error(exc) from exc
-        value = None if row is None else norm(row[0])
         if not snapshot:
             self._reads[key] = value
         return value
@@ -166,14 +186,16 @@ class SqliteTransaction(StoreTransaction):
 
     def _raw_get_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
         if not self._log:
-            found = self._fetch_many(self._reader(), keys)
+            conn = self._reader()
+            found = self._fetch_many(conn, keys, self._runs)
             values = [found.get(k) for k in keys]
             if not snapshot:
                 self._reads.update(zip(keys, values, strict=True))
             return values
         buffered = [self._buffered(k) for k in keys]
         needed = [k for k, (resolved, _, _) in zip(keys, buffered, strict=True) if not resolved]
-        found = self._fetch_many(self._reader(), needed)
+        conn = self._reader()
+        found = self._fetch_many(conn, needed, self._runs)
         if not snapshot:
             self._reads.update((k, found.get(k)) for k in needed)
         out: list[bytes | None] = []
@@ -185,7 +207,9 @@ class SqliteTransaction(StoreTransaction):
                 out.append(stored if pending is None else apply_adds(stored, pending))
         return out
 
-    def _fetch_many(self, conn: sqlite3.Connection, keys: list[bytes]) -> dict[bytes, bytes]:
+    def _fetch_many(
+        self, conn: sqlite3.Connection, keys: list[bytes], runs: list[RunInfo]
+    ) -> dict[bytes, bytes]:
         found: dict[bytes, bytes] = {}
         unique = list(dict.fromkeys(keys))
         try:
@@ -194,9 +218,40 @@ class SqliteTransaction(StoreTransaction):
                 sql = f"SELECT key, value FROM kv WHERE key IN ({','.join('?' * len(chunk))})"
                 for k, v in conn.execute(sql, chunk):
                     found[k] = norm(v)
+            if runs:
+                cache = self._sqlite.run_cache
+                for k in unique:
+                    value = fold_value(cache, conn, runs, k, found.get(k))
+                    if value is not None:
+                        found[k] = value
         except sqlite3.Error as exc:
             raise self._sqlite.error(exc) from exc
         return found
+
+    def _stored_range(
+        self,
+        conn: sqlite3.Connection,
+        runs: list[RunInfo],
+        begin: bytes,
+        end: bytes,
+        reverse: bool,
+        limit: int,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The stored ``(key, value)`` pairs in ``[begin, end)`` (``limit``: at most so
+        many, 0: all), runs folded in."""
+        order = "DESC" if reverse else "ASC"
+        sql = f"SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key {order}"
+        overlapping = [info for info in runs if info.overlaps(begin, end)]
+        if not overlapping:
+            if limit:
+                sql += " LIMIT ?"
+            params = (begin, end, limit) if limit else (begin, end)
+            return ((k, norm(v)) for k, v in conn.execute(sql, params))
+        rows = [(k, norm(v)) for k, v in conn.execute(sql, (begin, end))]
+        folded = fold_range(self._sqlite.run_cache, conn, overlapping, rows, begin, end)
+        if reverse:
+            folded.reverse()
+        return iter(folded[:limit] if limit else folded)
 
     def _raw_get_range(
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
@@ -204,12 +259,6 @@ class SqliteTransaction(StoreTransaction):
         conn = self._reader()
         overlay = self._overlay(begin, end) if self._log else {}
         cleared = self._cleared(begin, end) if self._log else []
-        order = "DESC" if reverse else "ASC"
-        sql = f"SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key {order}"
-        params: tuple[Any, ...] = (begin, end)
-        if limit and not overlay and not cleared:
-            sql += " LIMIT ?"
-            params = (begin, end, limit)
         buffered = sorted(overlay.items(), reverse=reverse)
         digest = hashlib.blake2b(digest_size=16)
         out: list[tuple[bytes, bytes]] = []
@@ -220,8 +269,10 @@ class SqliteTransaction(StoreTransaction):
             return a > b if reverse else a < b
 
         try:
-            rows: Iterator[tuple[bytes, Any]] = iter(conn.execute(sql, params))
-            for k, raw in rows:
+            rows = self._stored_range(
+                conn, self._runs, begin, end, reverse, limit if not overlay and not cleared else 0
+            )
+            for k, v in rows:
                 while bi < len(buffered) and before(buffered[bi][0], k):
                     bk, bv = buffered[bi]
                     bi += 1
@@ -232,7 +283,6 @@ class SqliteTransaction(StoreTransaction):
                             break
                 if full:
                     break
-                v = norm(raw)
                 digest.update(len(k).to_bytes(4, "little") + k + len(v).to_bytes(4, "little") + v)
                 if k in overlay or any(c.begin <= k < c.end for c in cleared):
                     continue
@@ -293,9 +343,9 @@ class SqliteTransaction(StoreTransaction):
 
     # -- commit -------------------------------------------------------------------------
 
-    def _validate(self, conn: sqlite3.Connection) -> None:
+    def _validate(self, conn: sqlite3.Connection, runs: list[RunInfo]) -> None:
         if self._reads:
-            current = self._fetch_many(conn, list(self._reads))
+            current = self._fetch_many(conn, list(self._reads), runs)
             for key, seen in self._reads.items():
                 if current.get(key) != seen:
                     raise StoreConflictError(
@@ -304,10 +354,7 @@ class SqliteTransaction(StoreTransaction):
                     )
         for begin, end, reverse, seen_digest in self._ranges:
             digest = hashlib.blake2b(digest_size=16)
-            order = "DESC" if reverse else "ASC"
-            sql = f"SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key {order}"
-            for k, raw in conn.execute(sql, (begin, end)):
-                v = norm(raw)
+            for k, v in self._stored_range(conn, runs, begin, end, reverse, 0):
                 digest.update(len(k).to_bytes(4, "little") + k + len(v).to_bytes(4, "little") + v)
             if digest.digest() != seen_digest:
                 raise StoreConflictError(
@@ -315,8 +362,13 @@ class SqliteTransaction(StoreTransaction):
                     "read them; retry the transaction (Store.transact does so)"
                 )
 
-    def _apply(self, conn: sqlite3.Connection) -> None:
+    def _apply(self, conn: sqlite3.Connection, runs: RunWriter) -> None:
         for op in self._log:
+            if isinstance(op, BatchAdd) and runs.takes(op.keys):
+                runs.add(op.keys, op.deltas)
+                continue
+            if runs.runs and self._before_runs(op, runs):
+                runs.flush()
             if isinstance(op, PointOps):
                 sets = [(k, p) for k, (kind, p) in op.ops.items() if kind == SET]
                 clears = [(k,) for k, (kind, _) in op.ops.items() if kind == CLEAR]
@@ -335,6 +387,19 @@ class SqliteTransaction(StoreTransaction):
                 sql = SQL_ADD_LANES if op.lanes else SQL_ADD
                 conn.executemany(sql, zip(op.keys, op.deltas, strict=True))
 
+    @staticmethod
+    def _before_runs(op: Op, runs: RunWriter) -> bool:
+        """Whether ``op`` must come after the runs: it writes a key a run holds and does
+        not commute with the run's adds (see :meth:`RunWriter.needs_flush`)."""
+        if isinstance(op, ClearRange):
+            return runs.overlaps(op.begin, op.end)
+        if isinstance(op, PointOps):
+            return runs.needs_flush(op.ops, lambda k: 1 if op.ops[k][0] == ADD else 0)
+        if isinstance(op, BatchSet):
+            return runs.needs_flush(op.keys, lambda k: 0)
+        width = len(op.deltas[0]) // 8 if op.lanes else 1
+        return runs.needs_flush(op.keys, lambda k: width)
+
     def _raw_commit(self) -> None:
         if not self._log:
             self._release(rollback=False)
@@ -346,18 +411,45 @@ class SqliteTransaction(StoreTransaction):
         try:
             begin_transaction(conn, ("BEGIN IMMEDIATE",), self._sqlite.busy_timeout_ms)
             try:
-                self._validate(conn)
-                self._apply(conn)
+                runs = list_runs(conn)
+                self._validate(conn, runs)
+                writer = RunWriter(
+                    conn,
+                    self._sqlite.run_cache,
+                    runs,
+                    self._sqlite.run_min_keys,
+                    SQL_ADD,
+                    SQL_ADD_LANES,
+                )
+                self._apply(conn, writer)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            if writer.added and merge_due(writer.runs, self._sqlite.run_min_keys):
+                self._merge_runs(conn)
         except sqlite3.Error as exc:
             raise self._sqlite.error(exc) from exc
         finally:
             self._sqlite.release(conn)
             self._clear_state()
+
+    def _merge_runs(self, conn: sqlite3.Connection) -> None:
+        """Merge the runs this commit completed a group of. The commit is done: a failure
+        here must not look like the commit's, so it is logged (the next commit that sees
+        the group tries again)."""
+        try:
+            merge_runs(
+                conn,
+                self._sqlite.run_cache,
+                self._sqlite.run_min_keys,
+                self._sqlite.busy_timeout_ms,
+            )
+        except Exception as exc:  # noqa: BLE001 - after the commit, see the docstring
+            log.warning("SQLite store %s: merging delta runs failed: %r", self._sqlite.path, exc)
+            if conn.in_transaction:
+                conn.rollback()
 
     def _clear_state(self) -> None:
         self._log = []

@@ -1,0 +1,451 @@
+"""Delta runs: large ``add_many`` batches kept as sorted, compressed runs beside the table.
+
+Upserting a commit's counters into the key-value B-tree rewrites every page its keys land
+on: a commit of 300,000 random keys into a table of millions rewrites nearly the whole
+table, through the write-ahead log and again into the file. A batch of adds is blind (it
+reads nothing), so it need not touch the table at all: the store keeps it as a *run*, one
+row of the ``runs`` table holding the batch's keys sorted with repeats folded and their
+int64 deltas, as an Arrow IPC stream compressed with zstd. A commit then writes a few
+bytes per changed key, whatever the table holds (the log-structured merge idea).
+
+The value of a key is its table value (if any) with the deltas of every run holding it
+added in the runs' order (``ord``), by FoundationDB's ``ADD`` rule
+(:func:`~millstream.state.add_int64s`). Reads fold the runs in
+(:class:`~millstream.state.sqlite.transaction.SqliteTransaction`), so nothing above the
+backend sees them. Runs stay few: when ``FANOUT`` runs of one size class and width follow
+each other, they merge into one (each delta is rewritten about log_FANOUT(total / run)
+times), after the commit that completed the group, outside the write lock
+(:func:`merge_runs`, as SQLite checkpoints its log in the committing connection). A write other than a same-width add to a key inside a run's key range (a set, a
+clear, a cleared range, an add of another width) first folds every run into the table
+(:func:`flush`), so the table never holds a write newer than a run on the same key.
+
+A run is written in its committing transaction, with the rest of the commit: all or
+nothing, as the commit itself; a merge or fold changes no key's value.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from millstream.state.keys import add_int64s
+from millstream.state.sqlite.sql import begin_transaction
+
+DEFAULT_RUN_MIN_KEYS = 16_384
+"""Keys an ``add_many`` must hold to become a run (fewer: upserted into the table, where a
+commit of a few thousand keys costs less than a run's later merges). ``run_min_keys=N``
+in the store URL; 0 never makes runs."""
+
+FANOUT = 8
+"""Runs of one size class that merge into one."""
+
+MAX_RUNS = 64
+"""More runs than this (widths alternating so that none merge) fold into the table."""
+
+SQL_CREATE_RUNS = (
+    "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+    "ord INTEGER NOT NULL, lo BLOB NOT NULL, hi BLOB NOT NULL, width INTEGER NOT NULL, "
+    "entries INTEGER NOT NULL, data BLOB NOT NULL)"
+)
+SQL_LIST_RUNS = "SELECT id, ord, lo, hi, width, entries FROM runs ORDER BY ord"
+SQL_RUN_DATA = "SELECT data FROM runs WHERE id = ?"
+SQL_INSERT_RUN = (
+    "INSERT INTO runs (ord, lo, hi, width, entries, data) VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+)
+SQL_DELETE_RUN = "DELETE FROM runs WHERE id = ?"
+
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One row of ``runs`` without its data: enough to tell which keys it may hold."""
+
+    id: int
+    ord: int
+    lo: bytes
+    hi: bytes
+    width: int
+    entries: int
+
+    def covers(self, key: bytes) -> bool:
+        """Whether ``key`` lies in the run's key range (it may still not hold it)."""
+        return self.lo <= key <= self.hi
+
+    def overlaps(self, begin: bytes, end: bytes) -> bool:
+        """Whether the run's key range meets ``[begin, end)``."""
+        return self.lo < end and begin <= self.hi
+
+
+def list_runs(conn: sqlite3.Connection) -> list[RunInfo]:
+    """The runs in the connection's current snapshot, oldest first."""
+    return [RunInfo(*row) for row in conn.execute(SQL_LIST_RUNS)]
+
+
+class Run:
+    """A run's keys (sorted, unique) and deltas: ``width`` int64 lanes per key."""
+
+    def __init__(self, keys: pa.BinaryArray, deltas: np.ndarray) -> None:
+        self.keys = keys
+        """Full keys, sorted, no repeats."""
+        self.deltas = deltas
+        """Shape (keys, width), little-endian int64."""
+
+    @property
+    def width(self) -> int:
+        return int(self.deltas.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _lower_bound(self, key: bytes) -> int:
+        lo, hi = 0, len(self.keys)
+        keys = self.keys
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if keys[mid].as_py() < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def delta(self, key: bytes) -> bytes | None:
+        """The delta the run holds for ``key``, or None."""
+        i = self._lower_bound(key)
+        if i < len(self.keys) and self.keys[i].as_py() == key:
+            return bytes(self.deltas[i].tobytes())
+        return None
+
+    def items(self, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        """``(key, delta)`` for the keys in ``[begin, end)``, in key order."""
+        i, j = self._lower_bound(begin), self._lower_bound(end)
+        if i >= j:
+            return []
+        keys = self.keys.slice(i, j - i).to_pylist()
+        block = self.deltas[i:j]
+        step = 8 * self.width
+        raw = block.tobytes()
+        return [(k, raw[n * step : (n + 1) * step]) for n, k in enumerate(keys)]
+
+    def holds_any(self, begin: bytes, end: bytes) -> bool:
+        """Whether the run holds a key in ``[begin, end)``."""
+        return self._lower_bound(begin) < self._lower_bound(end)
+
+    def encode(self) -> bytes:
+        """The run as stored: the keys after their common prefix, one int64 column per
+        lane, in a zstd-compressed Arrow IPC stream (the prefix in its metadata)."""
+        lo, hi = self.keys[0].as_py(), self.keys[-1].as_py()
+        prefix = os.path.commonprefix([lo, hi])
+        suffixes = _shift(self.keys, -len(prefix), b"")
+        columns = [suffixes] + [pa.array(self.deltas[:, n]) for n in range(self.width)]
+        names = ["key"] + [f"d{n}" for n in range(self.width)]
+        batch = pa.record_batch(columns, names=names).replace_schema_metadata(
+            {"prefix": prefix.hex()}
+        )
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema, options=_IPC_OPTIONS) as writer:
+            writer.write_batch(batch)
+        return bytes(sink.getvalue())
+
+    @classmethod
+    def decode(cls, data: bytes) -> Run:
+        """A run from :meth:`encode`'s bytes."""
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        prefix = bytes.fromhex((table.schema.metadata or {}).get(b"prefix", b"").decode())
+        suffixes = table.column("key").combine_chunks()
+        keys = _shift(suffixes, len(prefix), prefix)
+        width = table.num_columns - 1
+        deltas = np.empty((len(keys), width), dtype="<i8")
+        for n in range(width):
+            deltas[:, n] = table.column(f"d{n}").to_numpy()
+        return cls(keys, deltas)
+
+    @classmethod
+    def fold(cls, keys: pa.BinaryArray, deltas: np.ndarray) -> Run:
+        """A run of ``keys`` (any order, repeats allowed) and their deltas: sorted, each
+        key's deltas added lane by lane (wrapping around in 64 bits, as ``ADD`` does)."""
+        order = pc.sort_indices(keys).to_numpy()
+        keys = keys.take(order)
+        deltas = deltas[order]
+        if len(keys) > 1:
+            differs = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
+            if not differs.all():
+                starts = np.flatnonzero(np.concatenate([[True], differs]))
+                keys = keys.take(starts)
+                with np.errstate(over="ignore"):
+                    deltas = np.add.reduceat(deltas, starts, axis=0)
+        return cls(keys, np.ascontiguousarray(deltas, dtype="<i8"))
+
+    @classmethod
+    def of_batch(cls, keys: list[bytes], deltas: list[int] | list[bytes]) -> Run:
+        """A run of one ``add_many``: int deltas (one lane) or lanes as bytes."""
+        array = pa.array(keys, pa.binary())
+        if deltas and isinstance(deltas[0], bytes):
+            raw = b"".join(deltas)  # type: ignore[arg-type]
+            width = len(deltas[0]) // 8
+            lanes = np.frombuffer(raw, dtype="<i8").reshape(len(keys), width)
+        else:
+            lanes = np.asarray(deltas, dtype=np.int64).reshape(len(keys), 1)
+        return cls.fold(array, lanes)
+
+    @classmethod
+    def merge(cls, runs: list[Run]) -> Run:
+        """One run holding what ``runs`` (all of one width) hold together."""
+        keys = pa.concat_arrays([run.keys for run in runs])
+        deltas = np.concatenate([run.deltas for run in runs])
+        return cls.fold(keys, deltas)
+
+
+def _shift(keys: pa.Array, by: int, prefix: bytes) -> pa.BinaryArray:
+    """``keys`` with their first ``-by`` bytes cut (``by`` < 0), or with ``prefix`` (of
+    ``by`` bytes) put before each (``by`` > 0), in numpy."""
+    keys = keys.cast(pa.binary())
+    if by == 0:
+        return keys
+    n = len(keys)
+    offsets_buffer, data_buffer = keys.buffers()[1:3]
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[keys.offset : keys.offset + n + 1]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.empty(0, np.uint8)
+    data = data[offsets[0] : offsets[-1]]
+    offsets = offsets - offsets[0]
+    new_offsets = (offsets + by * np.arange(n + 1)).astype(np.int32)
+    if by < 0:
+        new_data = data[~_heads(offsets, -by, len(data))]
+    else:
+        new_data = np.empty(int(new_offsets[-1]), dtype=np.uint8)
+        head = _heads(new_offsets, by, len(new_data))
+        new_data[head] = np.tile(np.frombuffer(prefix, dtype=np.uint8), n)
+        new_data[~head] = data
+    return pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(new_offsets), pa.py_buffer(new_data)]
+    )
+
+
+def _heads(offsets: np.ndarray, length: int, size: int) -> np.ndarray:
+    """A mask of the first ``length`` bytes of every element of a binary array's data."""
+    starts = offsets[:-1].astype(np.int64)
+    marks = np.bincount(starts, minlength=size + 1) - np.bincount(
+        starts + length, minlength=size + 1
+    )
+    return np.cumsum(marks[:size]) > 0
+
+
+class RunCache:
+    """Decoded runs by id, shared by a store's transactions (runs never change once
+    written; a merge writes a new one)."""
+
+    def __init__(self, size: int = 32) -> None:
+        self._size = size
+        self._runs: OrderedDict[int, Run] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, conn: sqlite3.Connection, info: RunInfo) -> Run:
+        """The run ``info`` names, read through ``conn`` (whose snapshot holds it)."""
+        with self._lock:
+            run = self._runs.get(info.id)
+            if run is not None:
+                self._runs.move_to_end(info.id)
+                return run
+        row = conn.execute(SQL_RUN_DATA, (info.id,)).fetchone()
+        if row is None:
+            raise sqlite3.DatabaseError(f"run {info.id} is missing from the runs table")
+        run = Run.decode(row[0])
+        with self._lock:
+            self._runs[info.id] = run
+            while len(self._runs) > self._size:
+                self._runs.popitem(last=False)
+        return run
+
+
+def fold_value(
+    cache: RunCache,
+    conn: sqlite3.Connection,
+    runs: list[RunInfo],
+    key: bytes,
+    stored: bytes | None,
+) -> bytes | None:
+    """``key``'s value: its table value ``stored`` with the deltas of the runs folded in."""
+    for info in runs:
+        if info.covers(key):
+            delta = cache.get(conn, info).delta(key)
+            if delta is not None:
+                stored = add_int64s(stored, delta)
+    return stored
+
+
+def fold_range(
+    cache: RunCache,
+    conn: sqlite3.Connection,
+    runs: list[RunInfo],
+    rows: list[tuple[bytes, bytes]],
+    begin: bytes,
+    end: bytes,
+) -> list[tuple[bytes, bytes]]:
+    """The table's ``rows`` in ``[begin, end)`` with the runs folded in, in key order."""
+    values: dict[bytes, bytes | None] = dict(rows)
+    for info in runs:
+        if info.overlaps(begin, end):
+            for key, delta in cache.get(conn, info).items(begin, end):
+                values[key] = add_int64s(values.get(key), delta)
+    return sorted((k, v) for k, v in values.items() if v is not None)
+
+
+def _insert(conn: sqlite3.Connection, run: Run, order: int, data: bytes | None = None) -> RunInfo:
+    lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
+    data = run.encode() if data is None else data
+    (run_id,) = conn.execute(
+        SQL_INSERT_RUN, (order, lo, hi, run.width, len(run), data)
+    ).fetchone()
+    return RunInfo(run_id, order, lo, hi, run.width, len(run))
+
+
+def _size_class(entries: int, min_keys: int) -> int:
+    base = max(min_keys, 1)
+    return int(math.log(max(entries, base) / base, FANOUT) + 1e-9)
+
+
+def merge_due(runs: list[RunInfo], min_keys: int) -> list[RunInfo]:
+    """The newest ``FANOUT`` runs if they have one width and one size class (entries
+    within a factor ``FANOUT`` of each other, counted from ``min_keys``), else none."""
+    group = runs[-FANOUT:]
+    if len(group) < FANOUT:
+        return []
+    last = group[-1]
+    size = _size_class(last.entries, min_keys)
+    if all(
+        info.width == last.width and _size_class(info.entries, min_keys) == size
+        for info in group
+    ):
+        return group
+    return []
+
+
+def merge_runs(
+    conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout_ms: int
+) -> int:
+    """Merge runs while :func:`merge_due` finds a group; returns how many merges.
+
+    The merge is computed from a read snapshot, outside the write lock (a merge of
+    millions of keys takes seconds, which other writers must not wait for); a short write
+    transaction then swaps the group for the merged run if the group is still there (a
+    concurrent merge or fold may have taken it: then nothing is written). The merged run
+    takes the place of the group's newest, so the runs' order is kept, and it holds the
+    group's sums, so no key's value changes: no reader conflicts with a merge.
+    """
+    merges = 0
+    while True:
+        rows = begin_transaction(conn, ("BEGIN", SQL_LIST_RUNS), timeout_ms)
+        try:
+            group = merge_due([RunInfo(*row) for row in rows], min_keys)
+            merged = Run.merge([cache.get(conn, info) for info in group]) if group else None
+        finally:
+            conn.execute("COMMIT")
+        if merged is None:
+            return merges
+        data = merged.encode()
+        ids = [info.id for info in group]
+        begin_transaction(conn, ("BEGIN IMMEDIATE",), timeout_ms)
+        try:
+            marks = ",".join("?" * len(ids))
+            (present,) = conn.execute(
+                f"SELECT count(*) FROM runs WHERE id IN ({marks})", ids
+            ).fetchone()
+            if present != len(ids):
+                conn.execute("ROLLBACK")
+                return merges
+            conn.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
+            _insert(conn, merged, group[-1].ord, data)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        merges += 1
+
+
+class RunWriter:
+    """The runs side of one commit, under the write lock: adds runs, merges them, and
+    folds them into the table when a write needs it."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        cache: RunCache,
+        runs: list[RunInfo],
+        min_keys: int,
+        add_sql: str,
+        add_lanes_sql: str,
+    ) -> None:
+        self.conn = conn
+        self.cache = cache
+        self.runs = runs
+        self.min_keys = min_keys
+        self._add_sql = add_sql
+        self._add_lanes_sql = add_lanes_sql
+        self.added = False
+        """Whether this commit wrote a run (then it, and only it, may merge after)."""
+
+    def takes(self, keys: list[bytes]) -> bool:
+        """Whether an ``add_many`` of ``keys`` becomes a run."""
+        return self.min_keys > 0 and len(keys) >= self.min_keys
+
+    def add(self, keys: list[bytes], deltas: list[int] | list[bytes]) -> None:
+        """Store an ``add_many`` as a new run (merges come after the commit, outside
+        the write lock: :func:`merge_runs`)."""
+        order = self.runs[-1].ord + 1 if self.runs else 0
+        self.runs.append(_insert(self.conn, Run.of_batch(keys, deltas), order))
+        self.added = True
+        if len(self.runs) > MAX_RUNS:
+            self.flush()
+
+    def needs_flush(self, keys: Any, kind_width: Any) -> bool:
+        """Whether writing to ``keys`` must fold the runs into the table first: a run
+        holds one of them and the write does not commute with it.
+
+        ``kind_width(key)`` is the width of an add to the key (lanes), or 0 for a set or
+        clear; a same-width add commutes with the runs (lane sums), anything else must
+        come after them.
+        """
+        if not self.runs:
+            return False
+        for key in keys:
+            for info in self.runs:
+                if (
+                    info.covers(key)
+                    and kind_width(key) != info.width
+                    and self.cache.get(self.conn, info).delta(key) is not None
+                ):
+                    return True
+        return False
+
+    def overlaps(self, begin: bytes, end: bytes) -> bool:
+        """Whether a run holds a key in ``[begin, end)`` (a cleared range)."""
+        return any(
+            info.overlaps(begin, end) and self.cache.get(self.conn, info).holds_any(begin, end)
+            for info in self.runs
+        )
+
+    def flush(self) -> None:
+        """Fold every run into the table, oldest first, and drop them."""
+        for info in self.runs:
+            run = self.cache.get(self.conn, info)
+            keys = run.keys.to_pylist()
+            if run.width == 1:
+                deltas: list[Any] = run.deltas[:, 0].tolist()
+                self.conn.executemany(self._add_sql, zip(keys, deltas, strict=True))
+            else:
+                step = 8 * run.width
+                raw = run.deltas.tobytes()
+                lanes = [raw[n * step : (n + 1) * step] for n in range(len(keys))]
+                self.conn.executemany(self._add_lanes_sql, zip(keys, lanes, strict=True))
+            self.conn.execute(SQL_DELETE_RUN, (info.id,))
+        self.runs = []

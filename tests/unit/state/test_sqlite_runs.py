@@ -1,0 +1,207 @@
+"""The embedded store's delta runs: stores that keep ``add_many`` batches as runs read,
+conflict and write exactly like the table alone (FoundationDB's semantics)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from millstream.exceptions import StoreConflictError
+from millstream.state import add_int64s, encode_int64, open_store
+from millstream.state.keys import wrap_int64
+from millstream.state.sqlite import runs
+from millstream.state.sqlite.runs import FANOUT, Run
+from millstream.state.sqlite.sql import SCHEMA_VERSION
+
+KEYS = st.integers(min_value=0, max_value=40)
+LANES = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+def _add(model: dict[tuple, bytes], key: tuple, delta: bytes) -> None:
+    model[key] = add_int64s(model.get(key), delta)
+
+
+ADD_MANY = st.tuples(
+    st.just("add_many"),
+    st.lists(KEYS, min_size=1, max_size=30),
+    st.integers(min_value=1, max_value=3),
+    st.lists(LANES, min_size=90, max_size=90),
+)
+OPS = st.one_of(
+    # Mostly batches, so that runs pile up and merge between the writes that fold them.
+    ADD_MANY,
+    ADD_MANY,
+    ADD_MANY,
+    ADD_MANY,
+    st.tuples(st.just("add"), KEYS, LANES),
+    st.tuples(st.just("set"), KEYS, st.binary(max_size=20)),
+    st.tuples(st.just("clear"), KEYS),
+    st.tuples(st.just("clear_range"), KEYS, KEYS),
+)
+
+
+def _apply(txn, model: dict[tuple, bytes], op: tuple) -> None:
+    kind = op[0]
+    if kind == "add_many":
+        _, keys, width, lanes = op
+        if width == 1:
+            deltas = pa.array(lanes[: len(keys)], pa.int64())
+            txn.add_many(("k",), pa.array(keys, pa.int64()), deltas)
+            for k, d in zip(keys, lanes, strict=False):
+                _add(model, ("k", k), encode_int64(d))
+        else:
+            columns = {
+                f"c{n}": pa.array(lanes[n * 30 : n * 30 + len(keys)], pa.int64())
+                for n in range(width)
+            }
+            txn.add_many(("k",), pa.array(keys, pa.int64()), pa.record_batch(columns))
+            for i, k in enumerate(keys):
+                raw = b"".join(encode_int64(lanes[n * 30 + i]) for n in range(width))
+                _add(model, ("k", k), raw)
+    elif kind == "add":
+        txn.add(("k", op[1]), op[2])
+        _add(model, ("k", op[1]), encode_int64(wrap_int64(op[2])))
+    elif kind == "set":
+        txn.set(("k", op[1]), op[2])
+        model[("k", op[1])] = op[2]
+    elif kind == "clear":
+        txn.clear(("k", op[1]))
+        model.pop(("k", op[1]), None)
+    else:
+        lo, hi = sorted(op[1:])
+        txn.clear_range(("k", lo), ("k", hi))
+        for key in [key for key in model if lo <= key[1] < hi]:
+            del model[key]
+
+
+def _check(txn, model: dict[tuple, bytes]) -> None:
+    got = dict(txn.get_range_startswith(("k",)))
+    assert got == {key: value for key, value in sorted(model.items())}
+    for k in (0, 7, 20, 40):
+        assert txn.get(("k", k)) == model.get(("k", k))
+    keys = list(range(0, 41, 3))
+    assert txn.get_many(("k",), keys) == [model.get(("k", k)) for k in keys]
+    tail = txn.get_range(("k", 10), ("k", 30), limit=4, reverse=True)
+    expected = sorted(((key, v) for key, v in model.items() if 10 <= key[1] < 30), reverse=True)
+    assert tail == expected[:4]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(st.lists(st.lists(OPS, min_size=1, max_size=4), min_size=1, max_size=40))
+def test_runs_read_and_write_as_the_table_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transactions
+) -> None:
+    """Random transactions (adds of several widths, sets, clears, cleared ranges) on a
+    store whose every ``add_many`` is a run equal a model of FoundationDB's semantics,
+    read back inside each transaction (with its own writes) and after each commit. Two
+    runs of a size merge here (eight by default), so merges happen between the rest."""
+    monkeypatch.setattr(runs, "FANOUT", 2)
+    path = tmp_path / f"runs-{len(list(tmp_path.iterdir()))}.db"
+    store = open_store(f"sqlite:///{path}?run_min_keys=1", prefix=("t",))
+    model: dict[tuple, bytes] = {}
+    try:
+        for ops in transactions:
+            txn = store.create_transaction()
+            pending = dict(model)
+            for op in ops:
+                _apply(txn, pending, op)
+            _check(txn, pending)
+            txn.commit()
+            model = pending
+            with store.read() as reader:
+                _check(reader, model)
+    finally:
+        store.close()
+
+
+def test_many_runs_merge_and_stay_exact(tmp_path: Path) -> None:
+    """Enough batches to merge runs twice over: the runs table stays short, every key's
+    sum is exact, and a set on a key a run holds folds the runs into the table first."""
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}?run_min_keys=1")
+    expected: dict[int, int] = {}
+    for batch in range(FANOUT * FANOUT + 3):
+        keys = [(batch * 7 + i) % 50 for i in range(20)]
+        store.transact(
+            lambda txn, keys=keys, batch=batch: txn.add_many(
+                ("n",), pa.array(keys, pa.int64()), pa.array([batch + 1] * 20, pa.int64())
+            )
+        )
+        for k in keys:
+            expected[k] = expected.get(k, 0) + batch + 1
+    conn = sqlite3.connect(tmp_path / "s.db")
+    runs = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    assert 0 < runs < 2 * FANOUT
+    with store.read() as txn:
+        got = {key[1]: v for key, v in txn.get_range_startswith(("n",))}
+    assert got == {k: encode_int64(v) for k, v in expected.items()}
+    store.transact(lambda txn: txn.set(("n", 3), b"x"))
+    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+    with store.read() as txn:
+        assert txn.get(("n", 3)) == b"x"
+        assert txn.get(("n", 4)) == encode_int64(expected[4])
+    conn.close()
+    store.close()
+
+
+def test_a_run_on_a_read_key_is_a_conflict(tmp_path: Path) -> None:
+    """A transaction that read a key conflicts with a run committed on it meanwhile, and
+    not with a run on other keys."""
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}?run_min_keys=1")
+    ints = pa.array([1, 2], pa.int64())
+    store.transact(lambda txn: txn.add_many(("n",), ints, ints))
+    reader = store.create_transaction()
+    assert reader.get(("n", 1)) == encode_int64(1)
+    store.transact(lambda txn: txn.add_many(("n",), pa.array([5, 6], pa.int64()), ints))
+    reader.set(("other",), b"1")
+    reader.commit()
+    stale = store.create_transaction()
+    stale.get_range_startswith(("n",))
+    store.transact(lambda txn: txn.add_many(("n",), ints, ints))
+    stale.set(("other",), b"2")
+    with pytest.raises(StoreConflictError):
+        stale.commit()
+    store.close()
+
+
+def test_a_version_1_store_opens_with_an_empty_runs_table(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    store = open_store(f"sqlite:///{path}")
+    store.transact(lambda txn: txn.add(("n",), 5))
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE runs")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    store = open_store(f"sqlite:///{path}?run_min_keys=1")
+    store.transact(lambda txn: txn.add_many(("n",), pa.array([0]), pa.array([3])))
+    with store.read() as txn:
+        assert txn.get(("n",)) == encode_int64(5)
+        assert txn.get(("n", 0)) == encode_int64(3)
+    store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
+def test_run_encoding_round_trips_and_folds_repeats() -> None:
+    keys = [b"pre\x01", b"pre\x00", b"pre\x01", b"pre"]
+    run = Run.of_batch(keys, [1, 2, -(2**63), 4])
+    assert run.keys.to_pylist() == [b"pre", b"pre\x00", b"pre\x01"]
+    assert run.deltas[:, 0].tolist() == [4, 2, 1 - 2**63]
+    back = Run.decode(run.encode())
+    assert back.keys.to_pylist() == run.keys.to_pylist()
+    assert back.delta(b"pre\x01") == encode_int64(1 - 2**63)
+    assert back.delta(b"pre\x02") is None
+    assert back.items(b"pre\x00", b"pre\x02") == [
+        (b"pre\x00", encode_int64(2)),
+        (b"pre\x01", encode_int64(1 - 2**63)),
+    ]
