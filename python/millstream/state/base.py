@@ -23,7 +23,16 @@ from millstream.exceptions import (
     ConfigurationError,
     RetryableStoreError,
 )
-from millstream.state.keys import Key, encode_keys, pack, range_of, unpack, wrap_int64
+from millstream.state.keys import (
+    Key,
+    encode_keys,
+    key_bytes,
+    longest_key,
+    pack,
+    range_of,
+    unpack,
+    wrap_int64,
+)
 from millstream.state.limits import DEFAULT_LIMITS, StoreLimits
 
 T = TypeVar("T")
@@ -189,11 +198,10 @@ class StoreTransaction(ABC):
         e = self._prefix + pack(end)
         return b, e
 
-    def _batch_keys(self, keyspace: Key, keys: pa.Array | Sequence[Any]) -> list[bytes]:
+    def _batch_keys(self, keyspace: Key, keys: pa.Array | Sequence[Any]) -> Sequence[bytes]:
         raw = encode_keys(self._prefix + pack(keyspace), keys)
         if raw:
-            longest = max(raw, key=len)
-            self._limits.check_key(longest)
+            self._limits.check_key(longest_key(raw))
         return raw
 
     # -- reads ------------------------------------------------------------------------
@@ -226,9 +234,9 @@ class StoreTransaction(ABC):
             The values, aligned with ``keys``; ``None`` where absent.
         """
         self._start()
-        raw = self._batch_keys(keyspace, keys)
+        raw = list(self._batch_keys(keyspace, keys))
         if not snapshot:
-            self._grow(sum(map(len, raw)))
+            self._grow(key_bytes(raw))
         return self._raw_get_many(raw, snapshot)
 
     def get_range(
@@ -316,7 +324,7 @@ class StoreTransaction(ABC):
         order = _key_order(key_array)
         if order is not None:
             key_array, array = key_array.take(order), array.take(order)
-        raw = self._batch_keys(keyspace, key_array)
+        raw = list(self._batch_keys(keyspace, key_array))
         if array.null_count:
             raise ConfigurationError("set_many values must not contain nulls; use clear")
         if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
@@ -412,7 +420,7 @@ class StoreTransaction(ABC):
         width = 8 * len(columns)
         if raw:
             self._limits.check_value(raw[0], width)
-            self._grow(sum(map(len, raw)) + width * len(raw))
+            self._grow(key_bytes(raw) + width * len(raw))
         lanes = [column.cast(pa.int64()).to_numpy(zero_copy_only=False) for column in columns]
         if len(lanes) == 1:
             self._raw_add_many(raw, lanes[0].tolist())
@@ -483,10 +491,12 @@ class StoreTransaction(ABC):
     def _raw_add(self, key: bytes, delta: int) -> None: ...
 
     @abstractmethod
-    def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None: ...
+    def _raw_add_many(self, keys: Sequence[bytes], deltas: list[int]) -> None:
+        """Add each of ``deltas`` to its key, in order (``keys`` may be
+        :class:`~millstream.state.keys.EncodedKeys`: iterate it, or take its array)."""
 
     @abstractmethod
-    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+    def _raw_add_lanes(self, keys: Sequence[bytes], deltas: list[bytes]) -> None:
         """Add each of ``deltas`` (int64 lanes, see :func:`~millstream.state.add_int64s`)
         to its key, in order."""
 
@@ -544,10 +554,10 @@ class _ScopedTransaction(StoreTransaction):
     def _raw_add(self, key: bytes, delta: int) -> None:
         self._parent._raw_add(key, delta)
 
-    def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None:
+    def _raw_add_many(self, keys: Sequence[bytes], deltas: list[int]) -> None:
         self._parent._raw_add_many(keys, deltas)
 
-    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+    def _raw_add_lanes(self, keys: Sequence[bytes], deltas: list[bytes]) -> None:
         self._parent._raw_add_lanes(keys, deltas)
 
     def _raw_commit(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -332,14 +332,14 @@ class FdbTransaction(StoreTransaction):
         with self._errors("add"):
             self._tr.add(key, _INT64.pack(delta))
 
-    def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None:
+    def _raw_add_many(self, keys: Sequence[bytes], deltas: list[int]) -> None:
         with self._errors("add_many"):
             add = self._tr.add
             pack = _INT64.pack
             for k, d in zip(keys, deltas, strict=True):
                 add(k, pack(d))
 
-    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+    def _raw_add_lanes(self, keys: Sequence[bytes], deltas: list[bytes]) -> None:
         # FoundationDB's ADD treats a whole value as one integer (a carry would cross into
         # the next lane), so the lanes are read and written back; reads see this
         # transaction's earlier writes, and conflict like any read.

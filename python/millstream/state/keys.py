@@ -13,12 +13,13 @@ pack(a) + pack(b)``, which the batch encoders below rely on.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeAlias, overload
 
 import fdb.tuple as _fdb_tuple
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from millstream.exceptions import ConfigurationError
 
@@ -149,8 +150,9 @@ def _encode_int(n: int) -> bytes:
 _BYTE_LIMITS = np.array([1 << (8 * k) for k in range(8)], dtype=np.uint64)
 
 
-def _encode_int_array(base: bytes, keys: pa.Array) -> list[bytes]:
-    """:func:`_encode_int` for every element of an integer array, in numpy.
+def _encode_int_array(base: bytes, keys: pa.Array) -> Sequence[bytes]:
+    """:func:`_encode_int` for every element of an integer array, in numpy (as
+    :class:`EncodedKeys`, which makes Python bytes only if asked).
 
     The tuple layer writes an integer as a type code ``0x14 ± L`` followed by its magnitude
     in ``L`` big-endian bytes (one's complement for negatives), ``L`` the fewest bytes that
@@ -188,7 +190,86 @@ def _encode_int_array(base: bytes, keys: pa.Array) -> list[bytes]:
     array = pa.LargeBinaryArray.from_buffers(
         pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
     )
-    return array.to_pylist()  # type: ignore[no-any-return]
+    return EncodedKeys(array)
+
+
+class EncodedKeys(Sequence[bytes]):
+    """A batch's encoded keys as one Arrow binary array.
+
+    A sequence of ``bytes`` like the list :func:`encode_keys` returns for other key
+    types, but the Python objects are made only when something iterates or slices it: a
+    backend that takes the array as it is (the SQLite store's delta runs) never pays for
+    them.
+    """
+
+    def __init__(self, array: pa.Array) -> None:
+        self.array = array
+        self._list: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, int) and self._list is None:
+            value: bytes = self.array[index].as_py()
+            return value
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.as_list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EncodedKeys):
+            return self.as_list() == other.as_list()
+        return isinstance(other, list) and self.as_list() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EncodedKeys({self.as_list()!r})"
+
+    def as_list(self) -> list[bytes]:
+        """The keys as Python bytes (made once)."""
+        if self._list is None:
+            self._list = self.array.to_pylist()
+        return self._list
+
+    def total_bytes(self) -> int:
+        """The keys' lengths added up."""
+        offsets = self.array.buffers()[1]
+        width = 8 if pa.types.is_large_binary(self.array.type) else 4
+        ends = np.frombuffer(offsets, dtype=np.int64 if width == 8 else np.int32)
+        first, last = self.array.offset, self.array.offset + len(self.array)
+        return int(ends[last] - ends[first])
+
+    def longest(self) -> bytes:
+        """The longest key (the first of them)."""
+        lengths = pc.binary_length(self.array)
+        value: bytes = self.array[pc.index(lengths, pc.max(lengths)).as_py()].as_py()
+        return value
+
+    def bounds(self) -> tuple[bytes, bytes]:
+        """The least and the greatest key."""
+        low, high = pc.min_max(self.array).values()
+        return low.as_py(), high.as_py()
+
+
+def key_bytes(keys: Sequence[bytes]) -> int:
+    """The lengths of ``keys`` added up."""
+    if isinstance(keys, EncodedKeys):
+        return keys.total_bytes()
+    return sum(map(len, keys))
+
+
+def longest_key(keys: Sequence[bytes]) -> bytes:
+    """The longest of ``keys`` (not empty)."""
+    if isinstance(keys, EncodedKeys):
+        return keys.longest()
+    return max(keys, key=len)
 
 
 def _encode_str(s: str) -> bytes:
@@ -206,7 +287,7 @@ _ENCODERS: dict[type, Callable[[Any], bytes]] = {
 }
 
 
-def encode_keys(base: bytes, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -> list[bytes]:
+def encode_keys(base: bytes, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -> Sequence[bytes]:
     """Encode ``base + pack((k,))`` for every element of an Arrow array (or sequence).
 
     Integers, strings and binaries take a tight specialised path that produces exactly the

@@ -20,6 +20,7 @@ operations themselves must fit in the limit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from millstream.exceptions import StoreConflictError, TransactionTooOldError
@@ -145,10 +146,10 @@ class ReplayingTransaction(StoreTransaction):
     def _raw_add(self, key: bytes, delta: int) -> None:
         self._do("_raw_add", (key, delta), _WRITE)
 
-    def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None:
+    def _raw_add_many(self, keys: Sequence[bytes], deltas: list[int]) -> None:
         self._do("_raw_add_many", (keys, deltas), _WRITE)
 
-    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+    def _raw_add_lanes(self, keys: Sequence[bytes], deltas: list[bytes]) -> None:
         self._do("_raw_add_lanes", (keys, deltas), _WRITE)
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -205,3 +206,39 @@ def test_run_encoding_round_trips_and_folds_repeats() -> None:
         (b"pre\x00", encode_int64(2)),
         (b"pre\x01", encode_int64(1 - 2**63)),
     ]
+
+
+def test_default_threshold_batches_read_back_like_the_table(tmp_path: Path) -> None:
+    """Batches over the default ``run_min_keys`` (runs) and a store that never makes runs
+    hold the same values, read one at a time, in batches large and small, and by range."""
+    rng = np.random.default_rng(7)
+    stores = [
+        open_store(f"sqlite:///{tmp_path / 'runs.db'}"),
+        open_store(f"sqlite:///{tmp_path / 'table.db'}?run_min_keys=0"),
+    ]
+    for _ in range(3):
+        keys = pa.array(rng.integers(0, 60_000, 20_000))
+        counts = pa.array(rng.integers(-5, 5, 20_000))
+        lanes = pa.record_batch({"a": counts, "b": pa.array(rng.integers(0, 9, 20_000))})
+        for store in stores:
+            store.transact(lambda txn, k=keys, c=counts: txn.add_many(("one",), k, c))
+            store.transact(lambda txn, k=keys, b=lanes: txn.add_many(("two",), k, b))
+    conn = sqlite3.connect(tmp_path / "runs.db")
+    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 6
+    assert conn.execute("SELECT count(*) FROM kv").fetchone()[0] == 0
+    conn.close()
+    probes = [list(range(0, 60_000, 997)), list(range(0, 60_000, 3))]
+    results = []
+    for store in stores:
+        with store.read() as txn:
+            results.append(
+                (
+                    [txn.get_many((space,), keys) for space in ("one", "two") for keys in probes],
+                    [txn.get((space, 123)) for space in ("one", "two")],
+                    txn.get_range_startswith(("one",)),
+                    txn.get_range_startswith(("two",)),
+                    txn.get_range(("one", 100), ("one", 5000), limit=7, reverse=True),
+                )
+            )
+        store.close()
+    assert results[0] == results[1]

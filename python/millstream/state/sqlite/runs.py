@@ -15,9 +15,11 @@ added in the runs' order (``ord``), by FoundationDB's ``ADD`` rule
 backend sees them. Runs stay few: when ``FANOUT`` runs of one size class and width follow
 each other, they merge into one (each delta is rewritten about log_FANOUT(total / run)
 times), after the commit that completed the group, outside the write lock
-(:func:`merge_runs`, as SQLite checkpoints its log in the committing connection). A write other than a same-width add to a key inside a run's key range (a set, a
-clear, a cleared range, an add of another width) first folds every run into the table
-(:func:`flush`), so the table never holds a write newer than a run on the same key.
+(:func:`merge_runs`, as SQLite checkpoints its log in the committing connection). A write
+to a key a run holds that does not commute with the run's adds (a set, a clear, a cleared
+range, an add of another width) first folds every run into the table
+(:meth:`RunWriter.flush`), so the table never holds a write newer than a run on the same
+key.
 
 A run is written in its committing transaction, with the rest of the commit: all or
 nothing, as the commit itself; a merge or fold changes no key's value.
@@ -26,10 +28,10 @@ nothing, as the commit itself; a merge or fold changes no key's value.
 from __future__ import annotations
 
 import math
-import os
 import sqlite3
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.state.keys import add_int64s
+from millstream.state.keys import EncodedKeys, add_int64s
 from millstream.state.sqlite.sql import begin_transaction
 
 DEFAULT_RUN_MIN_KEYS = 16_384
@@ -136,6 +138,11 @@ class Run:
         raw = block.tobytes()
         return [(k, raw[n * step : (n + 1) * step]) for n, k in enumerate(keys)]
 
+    def slice(self, begin: bytes, end: bytes) -> Run:
+        """The run's keys in ``[begin, end)``."""
+        i, j = self._lower_bound(begin), self._lower_bound(end)
+        return Run(self.keys.slice(i, max(j - i, 0)), self.deltas[i:j])
+
     def holds_any(self, begin: bytes, end: bytes) -> bool:
         """Whether the run holds a key in ``[begin, end)``."""
         return self._lower_bound(begin) < self._lower_bound(end)
@@ -144,8 +151,8 @@ class Run:
         """The run as stored: the keys after their common prefix, one int64 column per
         lane, in a zstd-compressed Arrow IPC stream (the prefix in its metadata)."""
         lo, hi = self.keys[0].as_py(), self.keys[-1].as_py()
-        prefix = os.path.commonprefix([lo, hi])
-        suffixes = _shift(self.keys, -len(prefix), b"")
+        prefix = _common_prefix(lo, hi)
+        suffixes = _cut(self.keys, len(prefix))
         columns = [suffixes] + [pa.array(self.deltas[:, n]) for n in range(self.width)]
         names = ["key"] + [f"d{n}" for n in range(self.width)]
         batch = pa.record_batch(columns, names=names).replace_schema_metadata(
@@ -162,7 +169,7 @@ class Run:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
         prefix = bytes.fromhex((table.schema.metadata or {}).get(b"prefix", b"").decode())
         suffixes = table.column("key").combine_chunks()
-        keys = _shift(suffixes, len(prefix), prefix)
+        keys = _join(prefix, suffixes)
         width = table.num_columns - 1
         deltas = np.empty((len(keys), width), dtype="<i8")
         for n in range(width):
@@ -173,9 +180,10 @@ class Run:
     def fold(cls, keys: pa.BinaryArray, deltas: np.ndarray) -> Run:
         """A run of ``keys`` (any order, repeats allowed) and their deltas: sorted, each
         key's deltas added lane by lane (wrapping around in 64 bits, as ``ADD`` does)."""
-        order = pc.sort_indices(keys).to_numpy()
-        keys = keys.take(order)
-        deltas = deltas[order]
+        if len(keys) > 1 and not pc.all(pc.less_equal(keys[:-1], keys[1:])).as_py():
+            order = pc.sort_indices(keys).to_numpy()
+            keys = keys.take(order)
+            deltas = deltas[order]
         if len(keys) > 1:
             differs = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
             if not differs.all():
@@ -186,11 +194,14 @@ class Run:
         return cls(keys, np.ascontiguousarray(deltas, dtype="<i8"))
 
     @classmethod
-    def of_batch(cls, keys: list[bytes], deltas: list[int] | list[bytes]) -> Run:
+    def of_batch(cls, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> Run:
         """A run of one ``add_many``: int deltas (one lane) or lanes as bytes."""
-        array = pa.array(keys, pa.binary())
+        if isinstance(keys, EncodedKeys):
+            array = keys.array.cast(pa.binary())
+        else:
+            array = pa.array(list(keys), pa.binary())
         if deltas and isinstance(deltas[0], bytes):
-            raw = b"".join(deltas)  # type: ignore[arg-type]
+            raw = b"".join(deltas)
             width = len(deltas[0]) // 8
             lanes = np.frombuffer(raw, dtype="<i8").reshape(len(keys), width)
         else:
@@ -205,38 +216,25 @@ class Run:
         return cls.fold(keys, deltas)
 
 
-def _shift(keys: pa.Array, by: int, prefix: bytes) -> pa.BinaryArray:
-    """``keys`` with their first ``-by`` bytes cut (``by`` < 0), or with ``prefix`` (of
-    ``by`` bytes) put before each (``by`` > 0), in numpy."""
-    keys = keys.cast(pa.binary())
-    if by == 0:
-        return keys
-    n = len(keys)
-    offsets_buffer, data_buffer = keys.buffers()[1:3]
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[keys.offset : keys.offset + n + 1]
-    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.empty(0, np.uint8)
-    data = data[offsets[0] : offsets[-1]]
-    offsets = offsets - offsets[0]
-    new_offsets = (offsets + by * np.arange(n + 1)).astype(np.int32)
-    if by < 0:
-        new_data = data[~_heads(offsets, -by, len(data))]
-    else:
-        new_data = np.empty(int(new_offsets[-1]), dtype=np.uint8)
-        head = _heads(new_offsets, by, len(new_data))
-        new_data[head] = np.tile(np.frombuffer(prefix, dtype=np.uint8), n)
-        new_data[~head] = data
-    return pa.Array.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(new_offsets), pa.py_buffer(new_data)]
-    )
+def _common_prefix(a: bytes, b: bytes) -> bytes:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
-def _heads(offsets: np.ndarray, length: int, size: int) -> np.ndarray:
-    """A mask of the first ``length`` bytes of every element of a binary array's data."""
-    starts = offsets[:-1].astype(np.int64)
-    marks = np.bincount(starts, minlength=size + 1) - np.bincount(
-        starts + length, minlength=size + 1
-    )
-    return np.cumsum(marks[:size]) > 0
+def _cut(keys: pa.Array, length: int) -> pa.BinaryArray:
+    """``keys`` without their first ``length`` bytes."""
+    # An explicit stop: binary_slice without one fails on some arrays (pyarrow 26).
+    return pc.binary_slice(keys, length, 2**31 - 1) if length else keys
+
+
+def _join(prefix: bytes, suffixes: pa.Array) -> pa.BinaryArray:
+    """``prefix`` put before each of ``suffixes``."""
+    if not prefix:
+        return suffixes.cast(pa.binary())
+    empty = pa.scalar(b"", pa.binary())
+    return pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), suffixes, empty)
 
 
 class RunCache:
@@ -282,6 +280,38 @@ def fold_value(
     return stored
 
 
+def fold_many(
+    cache: RunCache,
+    conn: sqlite3.Connection,
+    runs: list[RunInfo],
+    keys: list[bytes],
+    found: dict[bytes, bytes],
+) -> None:
+    """:func:`fold_value` for each of ``keys`` (unique) into ``found`` (table values).
+
+    A few keys are looked up by binary search; many at once in Arrow
+    (``index_in``, one hash of the run's keys), so reading back a batch of the keys a big
+    ``add_many`` wrote costs about what the batch did.
+    """
+    for info in runs:
+        candidates = [k for k in keys if info.covers(k)]
+        if not candidates:
+            continue
+        run = cache.get(conn, info)
+        if len(candidates) * 64 < len(run):
+            hits = [(k, run.delta(k)) for k in candidates]
+        else:
+            where = pc.index_in(pa.array(candidates, pa.binary()), value_set=run.keys)
+            raw, step = run.deltas.tobytes(), 8 * run.width
+            hits = [
+                (k, None if i is None else raw[i * step : (i + 1) * step])
+                for k, i in zip(candidates, where.to_pylist(), strict=True)
+            ]
+        for key, delta in hits:
+            if delta is not None:
+                found[key] = add_int64s(found.get(key), delta)
+
+
 def fold_range(
     cache: RunCache,
     conn: sqlite3.Connection,
@@ -290,21 +320,38 @@ def fold_range(
     begin: bytes,
     end: bytes,
 ) -> list[tuple[bytes, bytes]]:
-    """The table's ``rows`` in ``[begin, end)`` with the runs folded in, in key order."""
-    values: dict[bytes, bytes | None] = dict(rows)
+    """The table's ``rows`` in ``[begin, end)`` with the runs folded in, in key order.
+
+    Consecutive runs of one width are summed in Arrow first (:meth:`Run.merge`), so a
+    range over millions of keys pays Python per key once, not once per run.
+    """
+    groups: list[list[Run]] = []
     for info in runs:
-        if info.overlaps(begin, end):
-            for key, delta in cache.get(conn, info).items(begin, end):
-                values[key] = add_int64s(values.get(key), delta)
-    return sorted((k, v) for k, v in values.items() if v is not None)
+        if not info.overlaps(begin, end):
+            continue
+        run = cache.get(conn, info)
+        if groups and groups[-1][0].width == run.width:
+            groups[-1].append(run)
+        else:
+            groups.append([run])
+    values: dict[bytes, bytes] = dict(rows)
+    for group in groups:
+        run = group[0] if len(group) == 1 else Run.merge([r.slice(begin, end) for r in group])
+        items = run.items(begin, end)
+        if not values:
+            values = dict(items)
+            if len(groups) == 1:
+                return items  # one sorted source: no fold, no sort
+            continue
+        for key, delta in items:
+            values[key] = add_int64s(values.get(key), delta)
+    return sorted(values.items())
 
 
 def _insert(conn: sqlite3.Connection, run: Run, order: int, data: bytes | None = None) -> RunInfo:
     lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
     data = run.encode() if data is None else data
-    (run_id,) = conn.execute(
-        SQL_INSERT_RUN, (order, lo, hi, run.width, len(run), data)
-    ).fetchone()
+    (run_id,) = conn.execute(SQL_INSERT_RUN, (order, lo, hi, run.width, len(run), data)).fetchone()
     return RunInfo(run_id, order, lo, hi, run.width, len(run))
 
 
@@ -322,16 +369,13 @@ def merge_due(runs: list[RunInfo], min_keys: int) -> list[RunInfo]:
     last = group[-1]
     size = _size_class(last.entries, min_keys)
     if all(
-        info.width == last.width and _size_class(info.entries, min_keys) == size
-        for info in group
+        info.width == last.width and _size_class(info.entries, min_keys) == size for info in group
     ):
         return group
     return []
 
 
-def merge_runs(
-    conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout_ms: int
-) -> int:
+def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout_ms: int) -> int:
     """Merge runs while :func:`merge_due` finds a group; returns how many merges.
 
     The merge is computed from a read snapshot, outside the write lock (a merge of
@@ -394,11 +438,11 @@ class RunWriter:
         self.added = False
         """Whether this commit wrote a run (then it, and only it, may merge after)."""
 
-    def takes(self, keys: list[bytes]) -> bool:
+    def takes(self, keys: Sequence[bytes]) -> bool:
         """Whether an ``add_many`` of ``keys`` becomes a run."""
         return self.min_keys > 0 and len(keys) >= self.min_keys
 
-    def add(self, keys: list[bytes], deltas: list[int] | list[bytes]) -> None:
+    def add(self, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> None:
         """Store an ``add_many`` as a new run (merges come after the commit, outside
         the write lock: :func:`merge_runs`)."""
         order = self.runs[-1].ord + 1 if self.runs else 0

@@ -16,6 +16,7 @@ from millstream.exceptions import (
 from millstream.state.base import Store
 from millstream.state.keys import Key
 from millstream.state.limits import StoreLimits
+from millstream.state.sqlite.runs import DEFAULT_RUN_MIN_KEYS, SQL_CREATE_RUNS, RunCache
 from millstream.state.sqlite.sql import (
     APPLICATION_ID,
     DEFAULT_BUSY_TIMEOUT_MS,
@@ -26,7 +27,6 @@ from millstream.state.sqlite.sql import (
     sql_add,
     sql_add_lanes,
 )
-from millstream.state.sqlite.runs import DEFAULT_RUN_MIN_KEYS, SQL_CREATE_RUNS, RunCache
 from millstream.state.sqlite.transaction import SqliteTransaction
 
 

@@ -6,13 +6,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import sqlite3
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from millstream.exceptions import (
     StoreConflictError,
 )
 from millstream.state.base import StoreTransaction
+from millstream.state.sqlite.runs import (
+    SQL_LIST_RUNS,
+    RunInfo,
+    RunWriter,
+    fold_many,
+    fold_range,
+    fold_value,
+    list_runs,
+    merge_due,
+    merge_runs,
+)
 from millstream.state.sqlite.sql import (
     IN_CHUNK,
     SQL_ADD,
@@ -23,16 +34,6 @@ from millstream.state.sqlite.sql import (
     SQL_SET,
     begin_transaction,
     norm,
-)
-from millstream.state.sqlite.runs import (
-    SQL_LIST_RUNS,
-    RunInfo,
-    RunWriter,
-    fold_range,
-    fold_value,
-    list_runs,
-    merge_due,
-    merge_runs,
 )
 from millstream.state.sqlite.write_buffer import (
     ADD,
@@ -125,6 +126,8 @@ class SqliteTransaction(StoreTransaction):
                     continue
                 base = value
             else:
+                if not op.may_hold(key):
+                    continue
                 delta = op.index().get(key)
                 if delta is None:
                     continue
@@ -219,11 +222,7 @@ class SqliteTransaction(StoreTransaction):
                 for k, v in conn.execute(sql, chunk):
                     found[k] = norm(v)
             if runs:
-                cache = self._sqlite.run_cache
-                for k in unique:
-                    value = fold_value(cache, conn, runs, k, found.get(k))
-                    if value is not None:
-                        found[k] = value
+                fold_many(self._sqlite.run_cache, conn, runs, unique, found)
         except sqlite3.Error as exc:
             raise self._sqlite.error(exc) from exc
         return found
@@ -330,11 +329,11 @@ class SqliteTransaction(StoreTransaction):
         if keys:
             self._log.append(BatchSet(keys, values))
 
-    def _raw_add_many(self, keys: list[bytes], deltas: list[int]) -> None:
+    def _raw_add_many(self, keys: Sequence[bytes], deltas: list[int]) -> None:
         if keys:
             self._log.append(BatchAdd(keys, deltas))
 
-    def _raw_add_lanes(self, keys: list[bytes], deltas: list[bytes]) -> None:
+    def _raw_add_lanes(self, keys: Sequence[bytes], deltas: list[bytes]) -> None:
         if keys:
             self._log.append(BatchAdd(keys, deltas))
 
@@ -397,7 +396,7 @@ class SqliteTransaction(StoreTransaction):
             return runs.needs_flush(op.ops, lambda k: 1 if op.ops[k][0] == ADD else 0)
         if isinstance(op, BatchSet):
             return runs.needs_flush(op.keys, lambda k: 0)
-        width = len(op.deltas[0]) // 8 if op.lanes else 1
+        width = len(cast(bytes, op.deltas[0])) // 8 if op.lanes else 1
         return runs.needs_flush(op.keys, lambda k: width)
 
     def _raw_commit(self) -> None:
@@ -446,7 +445,7 @@ class SqliteTransaction(StoreTransaction):
                 self._sqlite.run_min_keys,
                 self._sqlite.busy_timeout_ms,
             )
-        except Exception as exc:  # noqa: BLE001 - after the commit, see the docstring
+        except Exception as exc:
             log.warning("SQLite store %s: merging delta runs failed: %r", self._sqlite.path, exc)
             if conn.in_transaction:
                 conn.rollback()

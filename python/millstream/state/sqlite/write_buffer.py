@@ -3,10 +3,12 @@ so that reads see them before the commit applies them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from millstream.state.keys import (
+    EncodedKeys,
     add_int64s,
     decode_int64,
     encode_int64,
@@ -62,9 +64,21 @@ class BatchSet:
 class BatchAdd:
     """An ``add_many``: int deltas (one counter per key) or int64 lanes (several, as bytes)."""
 
-    keys: list[bytes]
+    keys: Sequence[bytes]
     deltas: list[int] | list[bytes]
     _index: dict[bytes, Any] | None = None
+    _bounds: tuple[bytes, bytes] | None = None
+
+    def may_hold(self, key: bytes) -> bool:
+        """Whether ``key`` may be one of the batch's: False only if it is outside the
+        least and the greatest key (known without a dict of every key when the keys are
+        :class:`~millstream.state.keys.EncodedKeys`: a reducer's reads of its own state
+        after a big ``add_many`` do not build one)."""
+        if not isinstance(self.keys, EncodedKeys) or not self.keys:
+            return True
+        if self._bounds is None:
+            self._bounds = self.keys.bounds()
+        return self._bounds[0] <= key <= self._bounds[1]
 
     @property
     def lanes(self) -> bool:
