@@ -15,7 +15,7 @@ from millstream.exceptions import StoreConflictError
 from millstream.state import add_int64s, encode_int64, open_store
 from millstream.state.keys import wrap_int64
 from millstream.state.sqlite import runs
-from millstream.state.sqlite.runs import FANOUT, Run
+from millstream.state.sqlite.runs import FANOUT, MERGE_ABOVE, Run
 from millstream.state.sqlite.sql import SCHEMA_VERSION
 
 KEYS = st.integers(min_value=0, max_value=40)
@@ -103,8 +103,10 @@ def test_runs_read_and_write_as_the_table_does(
     """Random transactions (adds of several widths, sets, clears, cleared ranges) on a
     store whose every ``add_many`` is a run equal a model of FoundationDB's semantics,
     read back inside each transaction (with its own writes) and after each commit. Two
-    runs of a size merge here (eight by default), so merges happen between the rest."""
+    runs of a size merge here once there are more than two (eight, beyond 24, by
+    default), so merges happen between the rest."""
     monkeypatch.setattr(runs, "FANOUT", 2)
+    monkeypatch.setattr(runs, "MERGE_ABOVE", 2)
     path = tmp_path / f"runs-{len(list(tmp_path.iterdir()))}.db"
     store = open_store(f"sqlite:///{path}?run_min_keys=1", prefix=("t",))
     model: dict[tuple, bytes] = {}
@@ -128,7 +130,7 @@ def test_many_runs_merge_and_stay_exact(tmp_path: Path) -> None:
     sum is exact, and a set on a key a run holds folds the runs into the table first."""
     store = open_store(f"sqlite:///{tmp_path / 's.db'}?run_min_keys=1")
     expected: dict[int, int] = {}
-    for batch in range(FANOUT * FANOUT + 3):
+    for batch in range(MERGE_ABOVE + 3 * FANOUT):
         keys = [(batch * 7 + i) % 50 for i in range(20)]
         store.transact(
             lambda txn, keys=keys, batch=batch: txn.add_many(
@@ -139,7 +141,7 @@ def test_many_runs_merge_and_stay_exact(tmp_path: Path) -> None:
             expected[k] = expected.get(k, 0) + batch + 1
     conn = sqlite3.connect(tmp_path / "s.db")
     runs = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
-    assert 0 < runs < 2 * FANOUT
+    assert 0 < runs <= MERGE_ABOVE
     with store.read() as txn:
         got = {key[1]: v for key, v in txn.get_range_startswith(("n",))}
     assert got == {k: encode_int64(v) for k, v in expected.items()}

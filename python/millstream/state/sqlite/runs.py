@@ -12,9 +12,9 @@ The value of a key is its table value (if any) with the deltas of every run hold
 added in the runs' order (``ord``), by FoundationDB's ``ADD`` rule
 (:func:`~millstream.state.add_int64s`). Reads fold the runs in
 (:class:`~millstream.state.sqlite.transaction.SqliteTransaction`), so nothing above the
-backend sees them. Runs stay few: when ``FANOUT`` runs of one size class and width follow
-each other, they merge into one (each delta is rewritten about log_FANOUT(total / run)
-times), after the commit that completed the group, outside the write lock
+backend sees them. Runs stay few: beyond ``MERGE_ABOVE`` of them, ``FANOUT`` consecutive
+runs of one size class and width merge into one (each delta is rewritten about
+log_FANOUT(total / run) times), after the commit that added the run, outside the write lock
 (:func:`merge_runs`, as SQLite checkpoints its log in the committing connection). A write
 to a key a run holds that does not commute with the run's adds (a set, a clear, a cleared
 range, an add of another width) first folds every run into the table
@@ -49,6 +49,11 @@ in the store URL; 0 never makes runs."""
 
 FANOUT = 8
 """Runs of one size class that merge into one."""
+
+MERGE_ABOVE = 24
+"""Runs kept before any merge: a job of a few dozen commits never merges (its output is
+read once, at the end, when a range read sums the runs in one pass anyway); a longer one
+merges a group whenever the runs exceed this, so reads fold at most about this many."""
 
 MAX_RUNS = 64
 """More runs than this (widths alternating so that none merge) fold into the table."""
@@ -361,17 +366,20 @@ def _size_class(entries: int, min_keys: int) -> int:
 
 
 def merge_due(runs: list[RunInfo], min_keys: int) -> list[RunInfo]:
-    """The newest ``FANOUT`` runs if they have one width and one size class (entries
-    within a factor ``FANOUT`` of each other, counted from ``min_keys``), else none."""
-    group = runs[-FANOUT:]
-    if len(group) < FANOUT:
+    """Runs to merge into one: when there are more than ``MERGE_ABOVE``, the newest
+    ``FANOUT`` consecutive runs of one width and one size class (entries within a factor
+    ``FANOUT`` of each other, counted from ``min_keys``); else none."""
+    if len(runs) <= MERGE_ABOVE:
         return []
-    last = group[-1]
-    size = _size_class(last.entries, min_keys)
-    if all(
-        info.width == last.width and _size_class(info.entries, min_keys) == size for info in group
-    ):
-        return group
+    for end in range(len(runs), FANOUT - 1, -1):
+        group = runs[end - FANOUT : end]
+        first = group[0]
+        size = _size_class(first.entries, min_keys)
+        if all(
+            info.width == first.width and _size_class(info.entries, min_keys) == size
+            for info in group
+        ):
+            return group
     return []
 
 

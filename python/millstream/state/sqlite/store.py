@@ -179,6 +179,7 @@ class SqliteStore(Store):
                 _inherited.extend(self._pool)
                 self._pool = []
                 self._pid = os.getpid()
+                self.run_cache = RunCache()  # its lock may have been held at the fork
             if self._pool:
                 return self._pool.pop()
         return self._connect()
