@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream.state.keys import EncodedKeys, add_int64s
-from millstream.state.sqlite.sql import begin_transaction
+from millstream.state.sqlite.sql import SQL_ADD, SQL_ADD_LANES, begin_transaction
 
 DEFAULT_RUN_MIN_KEYS = 16_384
 """Keys an ``add_many`` must hold to become a run (fewer: upserted into the table, where a
@@ -434,15 +434,11 @@ class RunWriter:
         cache: RunCache,
         runs: list[RunInfo],
         min_keys: int,
-        add_sql: str,
-        add_lanes_sql: str,
     ) -> None:
         self.conn = conn
         self.cache = cache
         self.runs = runs
         self.min_keys = min_keys
-        self._add_sql = add_sql
-        self._add_lanes_sql = add_lanes_sql
         self.added = False
         """Whether this commit wrote a run (then it, and only it, may merge after)."""
 
@@ -493,11 +489,11 @@ class RunWriter:
             keys = run.keys.to_pylist()
             if run.width == 1:
                 deltas: list[Any] = run.deltas[:, 0].tolist()
-                self.conn.executemany(self._add_sql, zip(keys, deltas, strict=True))
+                self.conn.executemany(SQL_ADD, zip(keys, deltas, strict=True))
             else:
                 step = 8 * run.width
                 raw = run.deltas.tobytes()
                 lanes = [raw[n * step : (n + 1) * step] for n in range(len(keys))]
-                self.conn.executemany(self._add_lanes_sql, zip(keys, lanes, strict=True))
+                self.conn.executemany(SQL_ADD_LANES, zip(keys, lanes, strict=True))
             self.conn.execute(SQL_DELETE_RUN, (info.id,))
         self.runs = []

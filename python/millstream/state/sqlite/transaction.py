@@ -412,14 +412,7 @@ class SqliteTransaction(StoreTransaction):
             try:
                 runs = list_runs(conn)
                 self._validate(conn, runs)
-                writer = RunWriter(
-                    conn,
-                    self._sqlite.run_cache,
-                    runs,
-                    self._sqlite.run_min_keys,
-                    SQL_ADD,
-                    SQL_ADD_LANES,
-                )
+                writer = RunWriter(conn, self._sqlite.run_cache, runs, self._sqlite.run_min_keys)
                 self._apply(conn, writer)
                 conn.execute("COMMIT")
             except BaseException:
