@@ -31,7 +31,7 @@ import math
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -425,8 +425,8 @@ def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout
 
 
 class RunWriter:
-    """The runs side of one commit, under the write lock: adds runs, merges them, and
-    folds them into the table when a write needs it."""
+    """The runs side of one commit, under the write lock: adds runs, and folds them into
+    the table when a write needs it."""
 
     def __init__(
         self,
@@ -455,7 +455,7 @@ class RunWriter:
         if len(self.runs) > MAX_RUNS:
             self.flush()
 
-    def needs_flush(self, keys: Any, kind_width: Any) -> bool:
+    def needs_flush(self, keys: Iterable[bytes], kind_width: Callable[[bytes], int]) -> bool:
         """Whether writing to ``keys`` must fold the runs into the table first: a run
         holds one of them and the write does not commute with it.
 
