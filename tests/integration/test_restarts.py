@@ -6,6 +6,7 @@ runner itself."""
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pytest
 from jobs import KeyedSumMapper, expected_sums, keyed_processor, read_output, write_keyed_input
 from millstream.exceptions import ConfigurationError, CrashLoopError
-from millstream.runner.forkserver import fork_server_pid, start_fork_server
+from millstream.runner.forkserver import die_with_parent, fork_server_pid, start_fork_server
 from millstream.runner.local import LocalRunner
 
 FAILS_ON_IMPORT = """
@@ -122,3 +123,19 @@ def test_a_fork_server_killed_while_starting_a_worker_does_not_kill_the_runner(
     assert fork_server_pid() != pid
     assert summary.rows_read == 20_000
     assert read_output(processor, "sum") == expected_sums(data)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux parent-death signal")
+def test_a_worker_whose_fork_server_died_before_it_asked_to_die_with_it_ends_at_once() -> None:
+    # The fork server's process id, as the runner passes it, against the child's parent:
+    # a child whose expected parent is gone (here: never was its parent) kills itself, so
+    # no orphan outlives its fork server unseen; a child of the expected parent lives on.
+    ctx = multiprocessing.get_context("fork")
+    orphan = ctx.Process(target=die_with_parent, args=(os.getpid() + 1_000_000,))
+    orphan.start()
+    orphan.join(10)
+    assert orphan.exitcode == -signal.SIGKILL
+    child = ctx.Process(target=die_with_parent, args=(os.getpid(),))
+    child.start()
+    child.join(10)
+    assert child.exitcode == 0

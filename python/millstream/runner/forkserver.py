@@ -124,15 +124,27 @@ def main_module_hidden() -> Iterator[None]:
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
-    """Have the kernel kill this process when its parent (the fork server) dies (Linux).
+def running_fork_server() -> int | None:
+    """The process id of the fork server new workers will come from, starting a new one
+    if it died; None where workers are spawned instead."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return None
+    forkserver.ensure_running()
+    return fork_server_pid()
+
+
+def die_with_parent(parent: int | None) -> None:
+    """Have the kernel kill this process when its parent, the fork server whose process id
+    is ``parent``, dies (Linux).
 
     A worker whose fork server was killed would otherwise live on unseen: the runner can
-    no longer wait for it, takes it for dead and starts another instance.
+    no longer wait for it, takes it for dead and starts another instance. The fork server
+    may die before this runs (between its fork and the child's first steps): a worker whose
+    parent is no longer ``parent`` ends itself at once. ``parent`` None: the current parent.
     """
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the request took effect

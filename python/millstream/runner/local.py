@@ -34,6 +34,7 @@ from millstream.runner.forkserver import (
     die_with_parent,
     is_script,
     main_module_hidden,
+    running_fork_server,
     start_fork_server,
     worker_context,
 )
@@ -64,10 +65,11 @@ def _child_main(
     role: str,
     index: int,
     errors: Connection,
+    parent: int | None,
 ) -> None:
     # Forked from the fork server: take this run's import path and environment before
     # unpickling the user's classes (the server's may be older).
-    die_with_parent()
+    die_with_parent(parent)
     sys.path[:] = path
     os.environ.clear()
     os.environ.update(environ)
@@ -293,14 +295,15 @@ class LocalRunner:
         """Start worker ``wid``; a slot with no process if it could not be started."""
         role, index, instance = wid
         reader, writer = self._ctx.Pipe(duplex=False)
-        process = self._ctx.Process(
-            target=_child_main,
-            args=(list(sys.path), self._environ(), self._payload, role, index, writer),
-            name=f"millstream-{role}-{index}" + (f"-{instance}" if instance else ""),
-            daemon=True,
-        )
         try:
             with main_module_hidden():
+                parent = running_fork_server()
+                process = self._ctx.Process(
+                    target=_child_main,
+                    args=(sys.path[:], self._environ(), self._payload, role, index, writer, parent),
+                    name=f"millstream-{role}-{index}" + (f"-{instance}" if instance else ""),
+                    daemon=True,
+                )
                 process.start()
         except (OSError, EOFError, ValueError) as exc:
             # The fork server died (or was killed) under us: a worker that failed to

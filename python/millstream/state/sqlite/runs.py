@@ -132,16 +132,20 @@ class Run:
             return bytes(self.deltas[i].tobytes())
         return None
 
+    def lanes(self, i: int = 0, j: int | None = None) -> list[bytes]:
+        """The deltas of the run's keys ``i`` to ``j`` (exclusive), one ``bytes`` of
+        ``8 * width`` per key, as ``ADD`` takes them."""
+        raw = self.deltas[i:j].tobytes()
+        step = 8 * self.width
+        return [raw[n : n + step] for n in range(0, len(raw), step)]
+
     def items(self, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
         """``(key, delta)`` for the keys in ``[begin, end)``, in key order."""
         i, j = self._lower_bound(begin), self._lower_bound(end)
         if i >= j:
             return []
         keys = self.keys.slice(i, j - i).to_pylist()
-        block = self.deltas[i:j]
-        step = 8 * self.width
-        raw = block.tobytes()
-        return [(k, raw[n * step : (n + 1) * step]) for n, k in enumerate(keys)]
+        return list(zip(keys, self.lanes(i, j), strict=True))
 
     def slice(self, begin: bytes, end: bytes) -> Run:
         """The run's keys in ``[begin, end)``."""
@@ -307,9 +311,8 @@ def fold_many(
             hits = [(k, run.delta(k)) for k in candidates]
         else:
             where = pc.index_in(pa.array(candidates, pa.binary()), value_set=run.keys)
-            raw, step = run.deltas.tobytes(), 8 * run.width
             hits = [
-                (k, None if i is None else raw[i * step : (i + 1) * step])
+                (k, None if i is None else run.deltas[i].tobytes())
                 for k, i in zip(candidates, where.to_pylist(), strict=True)
             ]
         for key, delta in hits:
@@ -491,9 +494,6 @@ class RunWriter:
                 deltas: list[Any] = run.deltas[:, 0].tolist()
                 self.conn.executemany(SQL_ADD, zip(keys, deltas, strict=True))
             else:
-                step = 8 * run.width
-                raw = run.deltas.tobytes()
-                lanes = [raw[n * step : (n + 1) * step] for n in range(len(keys))]
-                self.conn.executemany(SQL_ADD_LANES, zip(keys, lanes, strict=True))
+                self.conn.executemany(SQL_ADD_LANES, zip(keys, run.lanes(), strict=True))
             self.conn.execute(SQL_DELETE_RUN, (info.id,))
         self.runs = []
