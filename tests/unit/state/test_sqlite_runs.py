@@ -3,6 +3,7 @@ conflict and write exactly like the table alone (FoundationDB's semantics)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from millstream.exceptions import StoreConflictError
 from millstream.state import add_int64s, encode_int64, open_store
 from millstream.state.keys import wrap_int64
 from millstream.state.sqlite import runs
-from millstream.state.sqlite.runs import FANOUT, MERGE_ABOVE, Run
+from millstream.state.sqlite.runs import FANOUT, MERGE_ABOVE, MergeLock, Run, RunInfo, merge_due
 from millstream.state.sqlite.sql import SCHEMA_VERSION
+from millstream.state.sqlite.store import SqliteStore
 
 KEYS = st.integers(min_value=0, max_value=40)
 LANES = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -139,6 +141,8 @@ def test_many_runs_merge_and_stay_exact(tmp_path: Path) -> None:
         )
         for k in keys:
             expected[k] = expected.get(k, 0) + batch + 1
+    assert isinstance(store, SqliteStore)
+    assert store.merger.settle(30)  # merges run on a thread of their own
     conn = sqlite3.connect(tmp_path / "s.db")
     runs = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
     assert 0 < runs <= MERGE_ABOVE
@@ -244,3 +248,51 @@ def test_default_threshold_batches_read_back_like_the_table(tmp_path: Path) -> N
             )
         store.close()
     assert results[0] == results[1]
+
+
+def _infos(*runs: tuple[int, int]) -> list[RunInfo]:
+    """Runs of (width, entries), in order."""
+    return [RunInfo(n, n, b"a", b"z", width, entries) for n, (width, entries) in enumerate(runs)]
+
+
+def test_runs_of_one_width_merge_wherever_they_lie_between_other_widths() -> None:
+    # Two writers' runs and earlier merges interleave sizes: the small ones merge although
+    # no eight of them are neighbours; runs of another width split the stretches.
+    sizes = [1_000, 9_000] * MERGE_ABOVE
+    group = merge_due(_infos(*[(1, n) for n in sizes]), min_keys=1)
+    assert [info.entries for info in group] == [1_000] * FANOUT
+    assert [info.ord for info in group] == list(range(0, 2 * FANOUT, 2))
+    # Same-width runs split by another width never merge together.
+    split = ([(1, 1_000)] * (FANOUT - 1) + [(2, 1_000)]) * 4
+    assert merge_due(_infos(*split), min_keys=1) == []
+    # No class of eight, yet too many runs: the eight smallest merge.
+    spread = [(1, 8**n * 10 + n) for n in range(7)] * 4
+    group = merge_due(_infos(*spread), min_keys=1)
+    assert len(group) == FANOUT
+    assert sorted(info.entries for info in group) == sorted(n for _, n in spread)[:FANOUT]
+    assert merge_due(_infos(*[(1, 1_000)] * MERGE_ABOVE), min_keys=1) == []
+
+
+def _try_lock(path: str, result: multiprocessing.Queue) -> None:
+    with MergeLock(path).held() as mine:
+        result.put(mine)
+
+
+def test_one_process_at_a_time_merges(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.db-merge")
+    lock = MergeLock(path)
+    ctx = multiprocessing.get_context("fork")
+    result: multiprocessing.Queue = ctx.Queue()
+    with lock.held() as mine:
+        assert mine
+        with lock.held() as again:  # another thread of this process: not twice
+            assert not again
+        child = ctx.Process(target=_try_lock, args=(path, result))
+        child.start()
+        child.join(30)
+        assert result.get(timeout=5) is False
+    child = ctx.Process(target=_try_lock, args=(path, result))
+    child.start()
+    child.join(30)
+    assert result.get(timeout=5) is True
+    lock.close()

@@ -12,10 +12,11 @@ The value of a key is its table value (if any) with the deltas of every run hold
 added in the runs' order (``ord``), by FoundationDB's ``ADD`` rule
 (:func:`~millstream.state.add_int64s`). Reads fold the runs in
 (:class:`~millstream.state.sqlite.transaction.SqliteTransaction`), so nothing above the
-backend sees them. Runs stay few: beyond ``MERGE_ABOVE`` of them, ``FANOUT`` consecutive
-runs of one size class and width merge into one (each delta is rewritten about
-log_FANOUT(total / run) times), after the commit that added the run, outside the write lock
-(:func:`merge_runs`, as SQLite checkpoints its log in the committing connection). A write
+backend sees them. Runs stay few: beyond ``MERGE_ABOVE`` of them, ``FANOUT`` runs of one
+size class and width merge into one (each delta is rewritten about log_FANOUT(total / run)
+times), after the commit that added the run, on a thread of the committing process
+(:class:`RunMerger`), outside the write lock and by one process at a time
+(:func:`merge_runs`). A write
 to a key a run holds that does not commute with the run's adds (a set, a clear, a cleared
 range, an add of another width) first folds every run into the table
 (:meth:`RunWriter.flush`), so the table never holds a write newer than a run on the same
@@ -27,11 +28,14 @@ nothing, as the commit itself; a merge or fold changes no key's value.
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -369,21 +373,86 @@ def _size_class(entries: int, min_keys: int) -> int:
 
 
 def merge_due(runs: list[RunInfo], min_keys: int) -> list[RunInfo]:
-    """Runs to merge into one: when there are more than ``MERGE_ABOVE``, the newest
-    ``FANOUT`` consecutive runs of one width and one size class (entries within a factor
-    ``FANOUT`` of each other, counted from ``min_keys``); else none."""
+    """Runs to merge into one: when there are more than ``MERGE_ABOVE``, ``FANOUT`` runs of
+    one size class (entries within a factor ``FANOUT`` of each other, counted from
+    ``min_keys``), the smallest class that has that many; else none.
+
+    The runs of one width that lie between runs of other widths commute (their deltas add
+    lane by lane), so a group is any runs of such a stretch, not only neighbours: runs that
+    two writers add in turn, or that merges left of several sizes, interleave, and a group
+    of neighbours would seldom form. A stretch of more than ``MERGE_ABOVE`` runs without a
+    full class merges its ``FANOUT`` smallest runs, so the runs stay few whatever their
+    sizes.
+    """
     if len(runs) <= MERGE_ABOVE:
         return []
-    for end in range(len(runs), FANOUT - 1, -1):
-        group = runs[end - FANOUT : end]
-        first = group[0]
-        size = _size_class(first.entries, min_keys)
-        if all(
-            info.width == first.width and _size_class(info.entries, min_keys) == size
-            for info in group
-        ):
-            return group
+    stretches: list[list[RunInfo]] = []
+    for info in runs:
+        if stretches and stretches[-1][0].width == info.width:
+            stretches[-1].append(info)
+        else:
+            stretches.append([info])
+    for stretch in stretches:
+        classes: dict[int, list[RunInfo]] = {}
+        for info in stretch:
+            classes.setdefault(_size_class(info.entries, min_keys), []).append(info)
+        for size in sorted(classes):
+            if len(classes[size]) >= FANOUT:
+                return classes[size][:FANOUT]
+    longest = max(stretches, key=len)
+    if len(longest) > MERGE_ABOVE:
+        smallest = sorted(longest, key=lambda info: info.entries)[:FANOUT]
+        return sorted(smallest, key=lambda info: info.ord)
     return []
+
+
+class MergeLock:
+    """One merger at a time among the processes of a store: the writers of a busy store
+    all see the same group due and would each compute the same merge, of which all but
+    one are thrown away. A non-blocking ``flock`` of a file beside the database (released
+    by the kernel if its holder dies); a process that does not get it leaves the merge to
+    the one that has it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._pid = os.getpid()
+        self._threads = threading.Lock()
+
+    @contextmanager
+    def held(self) -> Iterator[bool]:
+        """Whether this process holds the lock, for the ``with`` block."""
+        if self._pid != os.getpid():
+            # A forked child starts afresh: a lock taken through the parent's file would be
+            # the parent's lock too, and the parent's threads may have held the other.
+            self._fd, self._pid, self._threads = None, os.getpid(), threading.Lock()
+        if not self._threads.acquire(blocking=False):
+            yield False
+            return
+        try:
+            fd = self._file()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
+
+    def _file(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return self._fd
+
+    def close(self) -> None:
+        """Close the lock's file (this process's)."""
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = None
 
 
 def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout_ms: int) -> int:
@@ -425,6 +494,63 @@ def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout
                 conn.execute("ROLLBACK")
             raise
         merges += 1
+
+
+class RunMerger:
+    """Merges runs on a thread of its own, so that the commit that made a merge due
+    returns at once: a merge of big runs takes a tenth of a second and more, which a
+    reducer would otherwise spend between its commits while rows wait for it.
+
+    ``merge()`` does one round of merges (its own connection, the :class:`MergeLock`, its
+    failures logged); :meth:`request` wakes the thread, started on first use in each
+    process (a forked child starts its own).
+    """
+
+    def __init__(self, merge: Callable[[], None]) -> None:
+        self._merge = merge
+        self._pid = -1
+        self._wanted = threading.Event()
+        self._idle = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        """Merge soon (what is due then)."""
+        if self._closed:
+            return
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._wanted, self._idle = threading.Event(), threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, name="millstream-run-merger", daemon=True
+            )
+            self._thread.start()
+        self._idle.clear()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            if self._closed:
+                return
+            self._wanted.clear()
+            self._merge()
+            if not self._wanted.is_set():
+                self._idle.set()
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until the merges requested so far are done; False on timeout."""
+        if self._thread is None or self._pid != os.getpid():
+            return True
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the thread after the merge under way (none is left half done: a merge
+        swaps its runs in one transaction)."""
+        self._closed = True
+        self._wanted.set()
+        if self._thread is not None and self._pid == os.getpid():
+            self._thread.join(timeout)
 
 
 class RunWriter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -16,7 +17,14 @@ from millstream.exceptions import (
 from millstream.state.base import Store
 from millstream.state.keys import Key
 from millstream.state.limits import StoreLimits
-from millstream.state.sqlite.runs import DEFAULT_RUN_MIN_KEYS, SQL_CREATE_RUNS, RunCache
+from millstream.state.sqlite.runs import (
+    DEFAULT_RUN_MIN_KEYS,
+    SQL_CREATE_RUNS,
+    MergeLock,
+    RunCache,
+    RunMerger,
+    merge_runs,
+)
 from millstream.state.sqlite.sql import (
     APPLICATION_ID,
     DEFAULT_BUSY_TIMEOUT_MS,
@@ -28,6 +36,8 @@ from millstream.state.sqlite.sql import (
     sql_add_lanes,
 )
 from millstream.state.sqlite.transaction import SqliteTransaction
+
+log = logging.getLogger(__name__)
 
 
 class SqliteStore(Store):
@@ -62,6 +72,10 @@ class SqliteStore(Store):
         self.run_min_keys = run_min_keys
         """Keys an ``add_many`` needs to be stored as a delta run (0: never)."""
         self.run_cache = RunCache()
+        self.merge_lock = MergeLock(path + "-merge")
+        """Taken by the process that merges runs (one at a time)."""
+        self.merger = RunMerger(self._merge_runs)
+        """Merges runs after the commits that made merges due."""
         self._lock = threading.Lock()
         self._pool: list[sqlite3.Connection] = []
         self._pid = os.getpid()
@@ -206,9 +220,30 @@ class SqliteStore(Store):
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, []
+        self.merger.close()
         if self._pid == os.getpid():
             for conn in pool:
                 conn.close()
+        self.merge_lock.close()
+
+    def _merge_runs(self) -> None:
+        """One round of run merges (:class:`RunMerger`'s thread). A failure is logged,
+        never raised: the commits that made the merge due are done, and the next commit
+        that finds a merge due asks again."""
+        try:
+            conn = self.checkout()
+        except StoreUnavailableError:
+            return  # closed
+        try:
+            with self.merge_lock.held() as mine:
+                if mine:
+                    merge_runs(conn, self.run_cache, self.run_min_keys, self._busy_timeout_ms)
+        except Exception as exc:
+            log.warning("SQLite store %s: merging delta runs failed: %r", self._path, exc)
+            if conn.in_transaction:
+                conn.rollback()
+        finally:
+            self.release(conn)
 
 
 _inherited: list[sqlite3.Connection] = []

@@ -22,7 +22,6 @@ from millstream.state.sqlite.runs import (
     fold_value,
     list_runs,
     merge_due,
-    merge_runs,
 )
 from millstream.state.sqlite.sql import (
     IN_CHUNK,
@@ -420,28 +419,12 @@ class SqliteTransaction(StoreTransaction):
                     conn.execute("ROLLBACK")
                 raise
             if writer.added and merge_due(writer.runs, self._sqlite.run_min_keys):
-                self._merge_runs(conn)
+                self._sqlite.merger.request()
         except sqlite3.Error as exc:
             raise self._sqlite.error(exc) from exc
         finally:
             self._sqlite.release(conn)
             self._clear_state()
-
-    def _merge_runs(self, conn: sqlite3.Connection) -> None:
-        """Merge the runs this commit completed a group of. The commit is done: a failure
-        here must not look like the commit's, so it is logged (the next commit that sees
-        the group tries again)."""
-        try:
-            merge_runs(
-                conn,
-                self._sqlite.run_cache,
-                self._sqlite.run_min_keys,
-                self._sqlite.busy_timeout_ms,
-            )
-        except Exception as exc:
-            log.warning("SQLite store %s: merging delta runs failed: %r", self._sqlite.path, exc)
-            if conn.in_transaction:
-                conn.rollback()
 
     def _clear_state(self) -> None:
         self._log = []
