@@ -85,6 +85,12 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.05,
         help=f"Tuning.commit_interval_seconds (library default {d.commit_interval_seconds})",
     )
+    parser.add_argument(
+        "--commit-time-share",
+        type=float,
+        default=d.commit_time_share,
+        help="Tuning.commit_time_share (the share of a reducer's time spent in transactions)",
+    )
     parser.add_argument("--batch-rows", type=int, default=d.batch_rows)
     parser.add_argument(
         "--memory-limit-mb",
@@ -142,6 +148,7 @@ def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
     """The worker knobs of a run."""
     return ms.Tuning(
         commit_interval_seconds=args.commit_interval,
+        commit_time_share=args.commit_time_share,
         batch_rows=args.batch_rows,
         memory_limit_bytes=int(args.memory_limit_mb * 2**20),
         spill_after_seconds=None if args.spill_after < 0 else args.spill_after,

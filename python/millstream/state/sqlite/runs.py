@@ -46,10 +46,13 @@ import pyarrow.compute as pc
 from millstream.state.keys import EncodedKeys, add_int64s
 from millstream.state.sqlite.sql import SQL_ADD, SQL_ADD_LANES, begin_transaction
 
-DEFAULT_RUN_MIN_KEYS = 16_384
+DEFAULT_RUN_MIN_KEYS = 256
 """Keys an ``add_many`` must hold to become a run (fewer: upserted into the table, where a
 commit of a few thousand keys costs less than a run's later merges). ``run_min_keys=N``
 in the store URL; 0 never makes runs."""
+
+INDEXED_KEYS = 16_384
+"""Runs of at most this many keys answer point reads from a dictionary of their keys."""
 
 FANOUT = 8
 """Runs of one size class that merge into one."""
@@ -110,6 +113,7 @@ class Run:
         """Full keys, sorted, no repeats."""
         self.deltas = deltas
         """Shape (keys, width), little-endian int64."""
+        self._positions: dict[bytes, int] | None = None
 
     @property
     def width(self) -> int:
@@ -130,7 +134,17 @@ class Run:
         return lo
 
     def delta(self, key: bytes) -> bytes | None:
-        """The delta the run holds for ``key``, or None."""
+        """The delta the run holds for ``key``, or None.
+
+        A small run answers from a dictionary of its keys, made at the first point read
+        (a binary search over Arrow scalars costs microseconds a step, and a read folds
+        every run that may hold its key); a big one by binary search.
+        """
+        if len(self.keys) <= INDEXED_KEYS:
+            if self._positions is None:
+                self._positions = {k: n for n, k in enumerate(self.keys.to_pylist())}
+            n = self._positions.get(key)
+            return None if n is None else bytes(self.deltas[n].tobytes())
         i = self._lower_bound(key)
         if i < len(self.keys) and self.keys[i].as_py() == key:
             return bytes(self.deltas[i].tobytes())

@@ -131,14 +131,20 @@ class SqliteStore(Store):
     def _initialize(self) -> None:
         conn = self._connect()
 
-        def query(sql: str) -> list[Any]:
-            return begin_transaction(conn, (sql,), self._busy_timeout_ms)
+        def query(*statements: str) -> list[Any]:
+            return begin_transaction(conn, statements, self._busy_timeout_ms)
 
         try:
-            app_id = query("PRAGMA application_id")[0][0]
-            tables = {
-                row[0] for row in query("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
+            # One snapshot for both: a process creating the store meanwhile must not show
+            # its tables beside the application id read before it committed them.
+            app_id = query("BEGIN", "PRAGMA application_id")[0][0]
+            try:
+                tables = {
+                    row[0]
+                    for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                }
+            finally:
+                conn.execute("COMMIT")
             if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables - {"kv"}):
                 raise StoreCorruptError(
                     f"{self._path} is an SQLite database but not a millstream store "
