@@ -13,7 +13,7 @@ from millstream.state.limits import StoreLimits
 
 ACCEPTED_FORMS = (
     "sqlite:///absolute/path/to/file.db[?busy_timeout_ms=10000&synchronous=full|normal"
-    "&checkpoint_pages=16384&run_min_keys=16384]",
+    "&checkpoint_pages=16384&run_min_keys=256]",
     "fdb:// (the default cluster file)",
     "fdb:///path/to/fdb.cluster[?timeout_ms=10000]",
 )
