@@ -122,7 +122,7 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="SQLite run_min_keys: add_many batches of at least this many keys are stored as "
-        "delta runs (store default 16,384; the reducers here add ~1,000 keys per commit)",
+        "delta runs (store default 256; the reducers here add ~700-1,200 keys per commit)",
     )
     parser.add_argument(
         "--delivery",
