@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,15 @@ from millstream.exceptions import StoreConflictError
 from millstream.state import add_int64s, encode_int64, open_store
 from millstream.state.keys import wrap_int64
 from millstream.state.sqlite import runs
-from millstream.state.sqlite.runs import FANOUT, MERGE_ABOVE, MergeLock, Run, RunInfo, merge_due
+from millstream.state.sqlite.runs import (
+    FANOUT,
+    MERGE_ABOVE,
+    MergeLock,
+    Run,
+    RunInfo,
+    RunMerger,
+    merge_due,
+)
 from millstream.state.sqlite.sql import SCHEMA_VERSION
 from millstream.state.sqlite.store import SqliteStore
 
@@ -296,3 +305,25 @@ def test_one_process_at_a_time_merges(tmp_path: Path) -> None:
     child.join(30)
     assert result.get(timeout=5) is True
     lock.close()
+
+
+def test_the_merger_thread_serves_every_request_and_stops_on_close() -> None:
+    rounds: list[int] = []
+    release = threading.Event()
+
+    def merge() -> None:
+        release.wait(10)
+        rounds.append(len(rounds))
+
+    merger = RunMerger(merge)
+    assert merger.settle(0)  # nothing asked yet
+    merger.request()
+    merger.request()  # while the first round runs: served by a round after it
+    assert not merger.settle(0.05)
+    release.set()
+    assert merger.settle(10)
+    assert 1 <= len(rounds) <= 2
+    merger.close()
+    merger.request()  # after close: nothing
+    assert merger.settle(0.05)
+    assert len(rounds) <= 2

@@ -525,8 +525,10 @@ class RunMerger:
     def __init__(self, merge: Callable[[], None]) -> None:
         self._merge = merge
         self._pid = -1
-        self._wanted = threading.Event()
-        self._idle = threading.Event()
+        self._changed = threading.Condition()
+        self._requested = 0
+        """Requests so far; a round started after request ``n`` serves it."""
+        self._served = 0
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -536,35 +538,45 @@ class RunMerger:
             return
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self._wanted, self._idle = threading.Event(), threading.Event()
+            self._changed = threading.Condition()  # the parent's threads may have held it
+            self._requested = self._served = 0
             self._thread = threading.Thread(
                 target=self._run, name="millstream-run-merger", daemon=True
             )
             self._thread.start()
-        self._idle.clear()
-        self._wanted.set()
+        with self._changed:
+            self._requested += 1
+            self._changed.notify_all()
 
     def _run(self) -> None:
         while True:
-            self._wanted.wait()
-            if self._closed:
-                return
-            self._wanted.clear()
+            with self._changed:
+                self._changed.wait_for(lambda: self._closed or self._requested > self._served)
+                if self._closed:
+                    return
+                round_serves = self._requested
             self._merge()
-            if not self._wanted.is_set():
-                self._idle.set()
+            with self._changed:
+                self._served = round_serves
+                self._changed.notify_all()
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until the merges requested so far are done; False on timeout."""
         if self._thread is None or self._pid != os.getpid():
             return True
-        return self._idle.wait(timeout)
+        with self._changed:
+            wanted = self._requested
+            return self._changed.wait_for(lambda: self._served >= wanted, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the thread after the merge under way (none is left half done: a merge
         swaps its runs in one transaction)."""
-        self._closed = True
-        self._wanted.set()
+        if self._pid != os.getpid():  # no thread here (a forked child's is its own)
+            self._closed = True
+            return
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
         if self._thread is not None and self._pid == os.getpid():
             self._thread.join(timeout)
 
