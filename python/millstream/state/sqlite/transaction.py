@@ -4,7 +4,6 @@ commit that re-checks what it read under the write lock (optimistic, key-granula
 from __future__ import annotations
 
 import hashlib
-import logging
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -46,8 +45,6 @@ from millstream.state.sqlite.write_buffer import (
     apply_adds,
     compose,
 )
-
-log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from millstream.state.sqlite.store import SqliteStore
