@@ -107,7 +107,7 @@ def check_mapper_addresses(mappers: list[WorkerInfo]) -> None:
             f"{executor_address(info.pid)}"
         )
         assert host in HOSTS
-        assert listening_hosts(int(port)) == {host}
+        assert listening_hosts(int(port), info.pid) == {host}
 
 
 def run_processor(spark: Any, processor: ms.Processor, **kwargs: Any) -> Background:
