@@ -135,6 +135,13 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Tuning.pipeline_fetch=True: fetch the next rows while committing",
     )
+    parser.add_argument(
+        "--tuning",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other Tuning field, e.g. --tuning acknowledge_commits=false (repeatable)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's store")
     parser.add_argument(
         "--what-if-flock",
@@ -144,9 +151,30 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def tuning_value(text: str, default: Any) -> Any:
+    """A ``--tuning`` value, of the type of the field's default."""
+    if text.lower() == "none":
+        return None
+    if isinstance(default, bool):
+        if text.lower() not in ("true", "false"):
+            raise SystemExit(f"--tuning: expected true or false, got {text!r}")
+        return text.lower() == "true"
+    if isinstance(default, int):
+        return int(text)
+    return float(text) if isinstance(default, float) or default is None else text
+
+
 def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
     """The worker knobs of a run."""
+    defaults = ms.Tuning()
+    extra: dict[str, Any] = {}
+    for item in args.tuning:
+        name, _, text = item.partition("=")
+        if not hasattr(defaults, name):
+            raise SystemExit(f"--tuning: Tuning has no field {name!r}")
+        extra[name] = tuning_value(text, getattr(defaults, name))
     return ms.Tuning(
+        **extra,
         commit_interval_seconds=args.commit_interval,
         commit_time_share=args.commit_time_share,
         batch_rows=args.batch_rows,
@@ -199,6 +227,19 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- analysis
 
 
+def tail_stages(s: Samples) -> dict[str, float]:
+    """Where the slowest rows spent their time: over the rows at or above the p99 latency,
+    the mean of the latency and of each part (seconds)."""
+    p99 = summarize_latency(s.latency, s.rows)["p99"]
+    t = s.select(s.latency >= p99)
+    return {
+        "latency": float(np.average(t.latency, weights=t.rows)),
+        "append_to_map": float(np.average(t.mapped - t.append, weights=t.rows)),
+        "map_to_fetch": float(np.average(t.fetch - t.mapped, weights=t.rows)),
+        "fetch_to_commit": float(np.average(t.commit - t.fetch, weights=t.rows)),
+    }
+
+
 def analyze(samples: Samples, begin: float, end: float) -> dict[str, Any]:
     """Figures over the rows appended in ``[begin, end)``.
 
@@ -215,6 +256,7 @@ def analyze(samples: Samples, begin: float, end: float) -> dict[str, Any]:
     out["append_to_map"] = summarize_latency(s.mapped - s.append, s.rows)
     out["map_to_fetch"] = summarize_latency(s.fetch - s.mapped, s.rows)
     out["fetch_to_commit"] = summarize_latency(s.commit - s.fetch, s.rows)
+    out["tail"] = tail_stages(s)
     out["slope"] = weighted_slope(s.append, s.latency, s.rows)
     commits = s.commits()
     out["commit_gaps"] = {str(r): gap_summary(t) for r, t in commits.items()}

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 
 import pyarrow as pa
 import pytest
 from millstream.exceptions import ConfigurationError, InputError
-from millstream.inputs.base import PartitionReader
+from millstream.inputs.base import PartitionReader, WaitingReader
 from millstream.inputs.store_queue import StoreQueue
 from millstream.state import Store
 
@@ -115,6 +116,37 @@ def test_concurrent_appenders_from_processes(store: Store) -> None:
     for start in range(0, 300, 10):
         block = rows[start : start + 10]
         assert block == list(range(block[0], block[0] + 10))
+
+
+def _append_one(store: Store) -> None:
+    StoreQueue(store, "woken", 1).append(0, _batch(0, 3))
+    store.close()
+
+
+def test_a_reader_at_the_end_sleeps_until_an_append_or_the_seal(store: Store) -> None:
+    queue = StoreQueue(store, "woken", 1)
+    reader = queue.reader(0)
+    assert isinstance(reader, WaitingReader)
+    reader.wait_for_rows(0, 0.01)  # registers the wait: what comes later wakes it
+    woken = threading.Event()
+
+    def wait(begin: int) -> None:
+        reader.wait_for_rows(begin, 120.0)
+        woken.set()
+
+    threading.Thread(target=wait, args=(0,), daemon=True).start()
+    child = multiprocessing.get_context("spawn").Process(target=_append_one, args=(store,))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    assert woken.wait(30), "the append did not wake the reader"
+    assert _read_all(reader) == [0, 1, 2]
+
+    woken.clear()
+    threading.Thread(target=wait, args=(3,), daemon=True).start()
+    queue.close_partition(0)
+    assert woken.wait(30), "sealing the partition did not wake the reader"
+    assert reader.read(3, 10, b"").end_of_input
 
 
 def test_queue_pickles_for_worker_processes(store: Store) -> None:

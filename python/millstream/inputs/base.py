@@ -53,6 +53,18 @@ class PartitionReader(Protocol):
 
 
 @runtime_checkable
+class WaitingReader(Protocol):
+    """A reader that can sleep until rows arrive (optional: readers without it are polled
+    every ``Tuning.idle_seconds`` once they have returned every row)."""
+
+    def wait_for_rows(self, begin_row_index: int, timeout_seconds: float) -> None:
+        """Return once rows from ``begin_row_index`` may be readable (or the partition
+        ended), at most ``timeout_seconds`` later; returning early is harmless (the mapper
+        reads, then waits again)."""
+        ...
+
+
+@runtime_checkable
 class Input(Protocol):
     """A partitioned input: one partition per mapper. Must pickle (workers are processes)."""
 

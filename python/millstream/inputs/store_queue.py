@@ -320,6 +320,7 @@ class StoreQueue:
                 )
             row += count
         txn.set(self._key(partition, "end"), encode_int64(row))
+        txn.wake_on_commit(self._key(partition, "end"))
         return begin, row
 
     def close_partition(self, partition: int) -> int:
@@ -332,6 +333,7 @@ class StoreQueue:
         def seal(txn: StoreTransaction) -> int:
             end = _decode_index(txn.get(self._key(partition, "end")))
             txn.set(self._key(partition, "sealed"), encode_int64(end))
+            txn.wake_on_commit(self._key(partition, "end"))  # readers waiting there end
             return end
 
         # Idempotent: sealing again writes the same end (nothing appends after a seal).
@@ -450,6 +452,16 @@ class StoreQueue:
         after = begin + out.num_rows
         return ReadResult(out, pack((after,)), end_of_input=sealed and after >= end)
 
+    def wait_for_rows(self, partition: int, begin_row_index: int, timeout_seconds: float) -> None:
+        """Return once rows from ``begin_row_index`` may be readable (an append or the seal
+        committed), at most ``timeout_seconds`` later: a reader at the end of the partition
+        sleeps here instead of polling it."""
+        self._store.wait_for(
+            self._key(partition, "end"),
+            lambda raw: _decode_index(raw) > begin_row_index,
+            timeout_seconds,
+        )
+
     def trim(self, partition: int, row_index: int) -> None:
         """Delete the rows below ``row_index``; idempotent, never moves backwards."""
 
@@ -527,6 +539,11 @@ class StoreQueueReader:
         hint = end_row_index_hint - begin_row_index
         max_rows = hint if hint > 0 else DEFAULT_READ_ROWS
         return self._queue.read(self._partition, begin_row_index, max_rows)
+
+    def wait_for_rows(self, begin_row_index: int, timeout_seconds: float) -> None:
+        """Return once rows from ``begin_row_index`` may be readable, at most
+        ``timeout_seconds`` later (see :class:`~millstream.inputs.base.WaitingReader`)."""
+        self._queue.wait_for_rows(self._partition, begin_row_index, timeout_seconds)
 
     def trim(self, row_index: int, continuation_token: bytes) -> None:
         """Delete the rows below ``row_index`` (idempotent)."""

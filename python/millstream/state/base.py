@@ -156,6 +156,7 @@ class StoreTransaction(ABC):
         self._clock = store.clock
         self._started: float | None = None
         self._size = 0
+        self._wakes: set[bytes] = set()
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -438,6 +439,22 @@ class StoreTransaction(ABC):
         """
         return _ScopedTransaction(self, prefix)
 
+    def wake_on_commit(self, key: Key) -> None:
+        """Once this transaction commits, wake whoever waits for ``key`` to change
+        (:meth:`Store.wait_for`). FoundationDB's watches see every write by themselves; the
+        embedded store cannot tell other processes of a commit, so a writer that others
+        wait for (a queue's appender) names the keys they watch."""
+        self._raw_wake(self._key(key))
+
+    def _raw_wake(self, key: bytes) -> None:
+        self._wakes.add(key)
+
+    def _committed(self) -> None:
+        """After a commit: wake the waiters of the keys named by :meth:`wake_on_commit`."""
+        if self._wakes:
+            wakes, self._wakes = self._wakes, set()
+            self._store._wake(wakes)
+
     # -- lifecycle ----------------------------------------------------------------------
 
     def commit(self) -> None:
@@ -455,11 +472,13 @@ class StoreTransaction(ABC):
         if self._started is not None:
             self._limits.check_age(self._clock() - self._started)
         self._raw_commit()
+        self._committed()
 
     def reset(self) -> None:
         """Discard every read and write so the object can be reused as a new transaction."""
         self._started = None
         self._size = 0
+        self._wakes = set()
         self._raw_reset()
 
     # -- backend hooks ------------------------------------------------------------------
@@ -527,6 +546,9 @@ class _ScopedTransaction(StoreTransaction):
 
     def _grow(self, size: int) -> None:
         self._parent._grow(size)
+
+    def _raw_wake(self, key: bytes) -> None:
+        self._parent._raw_wake(key)
 
     def _raw_get(self, key: bytes, snapshot: bool) -> bytes | None:
         return self._parent._raw_get(key, snapshot)
@@ -619,6 +641,28 @@ class Store(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections. Transactions still open become unusable."""
+
+    def wait_for(
+        self, key: Key, until: Callable[[bytes | None], bool], timeout_seconds: float
+    ) -> None:
+        """Return once ``until(value of key)`` holds, or the key may have changed since the
+        caller's last read (the last wait of this thread for ``key``, on the embedded
+        store), or ``timeout_seconds`` passed, whichever comes first; the caller reads again.
+
+        What a reader at the end of its input calls instead of polling: it wakes as soon as
+        a writer's transaction commits (on the embedded store, a transaction that named the
+        key with :meth:`StoreTransaction.wake_on_commit`). Here, for backends without
+        notifications: one read, then a sleep through the timeout.
+        """
+        with self.read() as txn:
+            if until(txn.get(key, snapshot=True)):
+                return
+        time.sleep(max(0.0, timeout_seconds))
+
+    def _wake(self, keys: set[bytes]) -> None:
+        """Wake the waiters of ``keys`` (packed), after a commit that wrote them; backends
+        whose reads see other processes' commits by themselves do nothing."""
+        return
 
     @contextlib.contextmanager
     def read(self) -> Iterator[StoreTransaction]:

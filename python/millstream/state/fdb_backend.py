@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,7 +30,7 @@ from millstream.exceptions import (
     ValueTooLargeError,
 )
 from millstream.state.base import Store, StoreTransaction
-from millstream.state.keys import Key, add_int64s, fold_int64s
+from millstream.state.keys import Key, add_int64s, fold_int64s, pack
 from millstream.state.limits import StoreLimits
 
 FDB_API_VERSION = 730
@@ -415,6 +415,27 @@ class FdbStore(Store):
     def create_transaction(self) -> FdbTransaction:
         """Start a transaction."""
         return FdbTransaction(self)
+
+    def wait_for(
+        self, key: Key, until: Callable[[bytes | None], bool], timeout_seconds: float
+    ) -> None:
+        """See :meth:`Store.wait_for`: a watch on ``key``, set in the transaction that read
+        it, so that a write committed after the read fires it (FoundationDB watches fire on
+        any change from the value the transaction saw)."""
+        raw = self.prefix_bytes + pack(key)
+        tr = self.database.create_transaction()
+        try:
+            value = tr.snapshot.get(raw).wait().value
+            if until(value):
+                return
+            watch = tr.watch(raw)
+            tr.commit().wait()
+            fired = threading.Event()
+            watch.on_ready(lambda _: fired.set())
+            fired.wait(max(0.0, timeout_seconds))
+            watch.cancel()
+        except self._fdb.FDBError as exc:
+            raise map_fdb_error(self._fdb, exc, "wait_for") from exc
 
     def close(self) -> None:
         """Nothing to release: the binding keeps one connection per cluster file."""

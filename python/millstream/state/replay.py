@@ -163,6 +163,7 @@ class ReplayingTransaction(StoreTransaction):
             CommitUnknownResultError, StoreUnavailableError: As :meth:`StoreTransaction.commit`.
         """
         self._raw_commit()
+        self._committed()
 
     def _raw_commit(self) -> None:
         inner = self._current()

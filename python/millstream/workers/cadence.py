@@ -31,6 +31,9 @@ class CommitCadence:
 
     @property
     def interval(self) -> float:
-        """Seconds from a commit's end to the next commit's start."""
-        spread = self.cost * (1.0 - self.share) / self.share
-        return min(self.most, max(self.least, spread))
+        """Seconds from the start of a round that committed to the start of the next round.
+
+        Counted from the start, not from the commit's end: rows that reached the mappers
+        while a round fetched and committed wait for one interval at most, not for the
+        interval and the round's own time on top of it."""
+        return min(self.most, max(self.least, self.cost / self.share))

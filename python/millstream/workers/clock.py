@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -20,6 +21,16 @@ class Clock(Protocol):
 
     def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
         """Wait ``seconds``, returning early when ``stop`` is set."""
+        ...
+
+    def wait(
+        self,
+        block: Callable[[float], object],
+        seconds: float,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Wait at most ``seconds`` in ``block``, a function that blocks at most the time
+        it is given and returns early when what it waits for happened (rows arrived)."""
         ...
 
 
@@ -40,6 +51,16 @@ class SystemClock:
             time.sleep(seconds)
         else:
             stop.wait(seconds)
+
+    def wait(
+        self,
+        block: Callable[[float], object],
+        seconds: float,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Block in ``block`` at most ``seconds`` (not at all once ``stop`` is set)."""
+        if stop is None or not stop.is_set():
+            block(seconds)
 
 
 SYSTEM_CLOCK = SystemClock()
@@ -88,4 +109,14 @@ class ManualClock:
 
     def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
         """Advance by ``seconds`` without waiting."""
+        self._now += max(0.0, seconds)
+
+    def wait(
+        self,
+        block: Callable[[float], object],
+        seconds: float,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Advance by ``seconds`` without blocking (nothing arrives in simulated time
+        unless the simulation makes it arrive)."""
         self._now += max(0.0, seconds)

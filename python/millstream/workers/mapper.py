@@ -33,7 +33,7 @@ from millstream.exceptions import (
     StoreUnavailableError,
     UserCodeError,
 )
-from millstream.inputs.base import PartitionReader, ReadResult
+from millstream.inputs.base import PartitionReader, ReadResult, WaitingReader
 from millstream.ledger import (
     MapperState,
     drained_key,
@@ -815,7 +815,19 @@ class MapperWorker:
                 self.mark_drained()
                 return
             if not progressed:
-                self.clock.sleep(t.idle_seconds, stop)
+                self._wait_for_input(stop)
+
+    def _wait_for_input(self, stop: threading.Event) -> None:
+        """Wait ``idle_seconds`` at most after a read found no rows: woken by the next
+        append when the reader can wait for rows (:class:`WaitingReader`), else asleep."""
+        reader = self.reader
+        if self.end_of_input or not isinstance(reader, WaitingReader):
+            self.clock.sleep(self.tuning.idle_seconds, stop)
+            return
+        begin = self._require_window().snapshot().input_end_row_index
+        self.clock.wait(
+            lambda seconds: reader.wait_for_rows(begin, seconds), self.tuning.idle_seconds, stop
+        )
 
     def _note_error(self, exc: BaseException) -> None:
         self.errors += 1

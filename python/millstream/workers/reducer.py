@@ -852,8 +852,9 @@ class ReducerWorker:
     def run(self, stop: threading.Event) -> None:
         """Reduce until every mapper is drained or ``stop`` is set: the thin loop.
 
-        Waits between commits (rows accumulate meanwhile and go into one transaction) as
-        long as :class:`~millstream.workers.cadence.CommitCadence` says, unless the last
+        Starts a round one interval after the start of the last round that committed
+        (rows accumulate meanwhile and go into one transaction), the interval
+        :class:`~millstream.workers.cadence.CommitCadence` says, unless the last
         fetch hit its row or byte cap, the mappers are behind (then they hold the next
         fetch until a full commit's worth of rows gathers, see :attr:`gathering`), or every
         mapper has drained; polls an
@@ -864,18 +865,19 @@ class ReducerWorker:
         backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
         idle = Backoff(t.idle_seconds, max(t.idle_seconds, min(0.1, t.commit_interval_seconds)))
         cadence = CommitCadence(t)
-        last_commit = self.clock.now() - t.commit_interval_seconds
+        last_start = self.clock.now() - cadence.interval  # of the last round that committed
         finish_publishing(self.processor.outputs)
         with self.store.read() as txn:
             # A rescale's run ends at its cut: not the processor's end, so no drain.
             self.rescaling = read_rescale(txn) is not None
         while not stop.is_set():
-            wait = cadence.interval - (self.clock.now() - last_commit)
+            wait = cadence.interval - (self.clock.now() - last_start)
             while wait > 0 and not self.capped and not self.gathering and not stop.is_set():
                 self.clock.sleep(min(wait, 0.1), stop)
-                wait = cadence.interval - (self.clock.now() - last_commit)
+                wait = cadence.interval - (self.clock.now() - last_start)
                 if wait > 0 and self.drained_now():
                     break
+            started = self.clock.now()
             try:
                 committed = self.run_once()
             except UserCodeError as exc:
@@ -894,6 +896,6 @@ class ReducerWorker:
                 backoff.reset()
                 idle.reset()
                 cadence.observe(self.last_transaction_seconds)
-                last_commit = self.clock.now()
+                last_start = started
             else:
                 self.clock.sleep(idle.next(), stop)

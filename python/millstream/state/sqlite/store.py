@@ -6,6 +6,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from millstream.exceptions import (
     StoreUnavailableError,
 )
 from millstream.state.base import Store
-from millstream.state.keys import Key
+from millstream.state.keys import Key, pack
 from millstream.state.limits import StoreLimits
 from millstream.state.sqlite.runs import (
     DEFAULT_RUN_MIN_KEYS,
@@ -36,6 +37,7 @@ from millstream.state.sqlite.sql import (
     sql_add_lanes,
 )
 from millstream.state.sqlite.transaction import SqliteTransaction
+from millstream.state.sqlite.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ class SqliteStore(Store):
         """Taken by the process that merges runs (one at a time)."""
         self.merger = RunMerger(self._merge_runs)
         """Merges runs after the commits that made merges due."""
+        self.wakeups = Wakeups(path + "-watch")
+        """Waiters of keys (:meth:`wait_for`) and the wakes of committed writes."""
         self._lock = threading.Lock()
         self._pool: list[sqlite3.Connection] = []
         self._pid = os.getpid()
@@ -231,6 +235,27 @@ class SqliteStore(Store):
             for conn in pool:
                 conn.close()
         self.merge_lock.close()
+        self.wakeups.close()
+
+    def wait_for(
+        self, key: Key, until: Callable[[bytes | None], bool], timeout_seconds: float
+    ) -> None:
+        """See :meth:`Store.wait_for`: sleeps on a pipe that commits naming ``key`` wake
+        (:mod:`millstream.state.sqlite.wakeups`). The pipe keeps the wakes of commits since
+        this thread's last wait for ``key``, so ``until`` is checked only when the pipe is
+        new: a caller that read and found nothing wakes at once if a commit followed."""
+        pipe, made = self.wakeups.pipe(self.prefix_bytes + pack(key))
+        if pipe is None or made:  # no wake of an earlier commit is kept: read first
+            with self.read() as txn:
+                if until(txn.get(key, snapshot=True)):
+                    return
+        if pipe is None:
+            time.sleep(max(0.0, timeout_seconds))
+        else:
+            self.wakeups.sleep(pipe, timeout_seconds)
+
+    def _wake(self, keys: set[bytes]) -> None:
+        self.wakeups.wake(keys)
 
     def _merge_runs(self) -> None:
         """One round of run merges (:class:`RunMerger`'s thread). A failure is logged,
