@@ -15,7 +15,8 @@ KEY = b"\x01queue\x00end"
 def test_a_wake_reaches_a_waiter_that_is_not_asleep_yet(tmp_path: Path) -> None:
     waiter = Wakeups(str(tmp_path / "db-watch"))
     pipe, made = waiter.pipe(KEY)
-    assert pipe is not None and made
+    assert pipe is not None
+    assert made
     Wakeups(str(tmp_path / "db-watch")).wake({KEY})
     # Kept in the pipe: the sleep after it returns at once, and takes the wake out.
     waiter.sleep(pipe, 120.0)
