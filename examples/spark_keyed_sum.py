@@ -21,6 +21,7 @@ cluster set ``MILLSTREAM_EXAMPLE_STORE`` to an ``fdb://`` store.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,11 @@ def main(spark: Any, rows: int = ROWS, root: Path = ROOT) -> ms.RunSummary:
 
     root.mkdir(parents=True, exist_ok=True)
     db = root / "state.db"
-    for stale in root.glob("state.db*"):
-        stale.unlink()
+    for stale in root.glob("state.db*"):  # the database, its log, its lock and watch files
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
     store = os.environ.get("MILLSTREAM_EXAMPLE_STORE") or f"sqlite:///{db}"
     queue = StoreQueue(store, "input", 2, prefix=(NAME,))
     processor = ms.Processor(

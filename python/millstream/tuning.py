@@ -51,7 +51,8 @@ class Tuning:
             keys: 5 M rows become 1.8 M shuffled with 262,144, 3.7 M with 65,536).
         memory_limit_bytes: Buffered bytes in a mapper's window above which it stops
             reading until reducers commit.
-        commit_interval_seconds: Minimum time between a reducer's commits. Rows keep
+        commit_interval_seconds: Minimum time between a reducer's commits, from the start
+            of a round that committed to the start of the next. Rows keep
             accumulating in the mappers' windows meanwhile and are fetched and committed in
             one transaction: a longer interval writes less per row (every commit rewrites
             the touched keys and syncs the log), a shorter one lowers latency.
@@ -70,7 +71,10 @@ class Tuning:
             reducer halves its fetch and retries.
         get_rows_max_bytes: Payload bytes of one GetRows response (below the gRPC limit).
         trim_period_seconds: How often a mapper persists its state and trims its input.
-        idle_seconds: Wait after a loop iteration that found nothing to do.
+        idle_seconds: Wait after a loop iteration that found nothing to do. A mapper whose
+            reader can wait for rows (:class:`~millstream.inputs.WaitingReader`: a
+            :class:`~millstream.inputs.StoreQueue` wakes its readers when an append
+            commits) sleeps until rows arrive, at most this long.
         backoff_seconds: First wait after an error (store unreachable, conflict, mapper
             down); doubled on every further error up to ``backoff_max_seconds``.
         backoff_max_seconds: Longest wait between retries.

@@ -113,6 +113,11 @@ class Wakeups:
         for path, fd in pipes.values():
             os.close(fd)
             _remove(path)
+            with contextlib.suppress(OSError):  # the key's folder, once no waiter is left
+                os.rmdir(os.path.dirname(path))
+        if pipes:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._directory)
 
 
 def _drain(fd: int) -> None:
