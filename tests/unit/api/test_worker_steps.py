@@ -7,6 +7,8 @@ to reach a situation (restart, split brain, failure) and checks exactly-once on 
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -643,3 +645,29 @@ def test_a_mapper_of_the_shape_before_a_rescale_stops(tmp_path: Path) -> None:
         zombie.start_ingestion()
     with pytest.raises(ConfigurationError, match="now has 3 reducers"):
         old.start_ingestion()
+
+
+def test_reducer_rounds_start_one_commit_interval_apart_whatever_they_take(
+    tmp_path: Path,
+) -> None:
+    """The interval runs from the start of a round that committed: rows that reach a mapper
+    while a round fetches and commits wait one interval at most, not the interval plus the
+    round's own time."""
+    c = Cluster(tmp_path, _tables(), commit_interval_seconds=1.0, commit_time_share=1.0)
+    worker = c.reducers[0]
+    starts: list[float] = []
+    stop = threading.Event()
+
+    def run_once() -> bool:
+        starts.append(c.clock.now())
+        c.clock.advance(0.6)  # a round that fetches and commits for 0.6 s
+        worker.last_transaction_seconds = 0.5
+        worker.behind = worker.capped = False  # the mappers keep up: the cadence applies
+        if len(starts) == 4:
+            stop.set()
+        return True
+
+    worker.run_once = run_once  # type: ignore[method-assign]
+    worker.run(stop)
+    assert [round(b - a, 6) for a, b in itertools.pairwise(starts)] == [1.0, 1.0, 1.0]
+    c.store.close()
