@@ -6,25 +6,15 @@ slow link) holds nobody: its call stays under way, is not sent again, and its an
 in a later round, as long as it still continues from where the reducer's committed index
 stands. The other mappers' rows are committed meanwhile (thesis 4.4: a slow partition does
 not hold the others).
-
-The calls run on gRPC's asyncio API, on one event loop thread per process
-(:func:`rpc_loop`). The synchronous API's futures start a thread per channel whenever a call
-starts while none is under way on it, which is every round of a reducer that waits for its
-answers: measured, starting those threads took a tenth of a busy reducer's time, most of it
-waiting for the new thread to be scheduled on a loaded machine, in the path of every row.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import os
 import threading
 import time
 from collections.abc import Sequence
 
 import grpc
-import grpc.aio
 
 from millstream.exceptions import StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
@@ -33,47 +23,7 @@ from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, Row
 _GATHER_MARGIN_SECONDS = 0.05
 """Extra wait for a gathering call's answer beyond the time the mapper may hold it."""
 
-_CLOSE_SECONDS = 5.0
-"""How long closing a client waits for its channels to close."""
-
-Answer = concurrent.futures.Future[millstream_pb2.GetRowsResponse]
-"""A GetRows call under way on the loop; cancelling it cancels the call."""
-
-__all__ = [
-    "GetRowsCall",
-    "GetRowsResult",
-    "GrpcRowsClient",
-    "NotAnsweredYet",
-    "RowsClient",
-    "rpc_loop",
-]
-
-_loop_lock = threading.Lock()
-_loop: asyncio.AbstractEventLoop | None = None
-
-
-def rpc_loop() -> asyncio.AbstractEventLoop:
-    """The process's event loop for GetRows calls, running on a daemon thread of its own
-    (started at the first call; a forked child starts its own)."""
-    global _loop
-    with _loop_lock:
-        if _loop is None or _loop.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(
-                target=loop.run_forever, name="millstream-get-rows", daemon=True
-            ).start()
-            _loop = loop
-        return _loop
-
-
-def _forget_loop() -> None:
-    """In a forked child: the parent's loop thread does not exist here."""
-    global _loop, _loop_lock
-    _loop = None
-    _loop_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_loop)
+__all__ = ["GetRowsCall", "GetRowsResult", "GrpcRowsClient", "NotAnsweredYet", "RowsClient"]
 
 
 class GrpcRowsClient:
@@ -109,35 +59,25 @@ class GrpcRowsClient:
         if server_name is not None:
             self._options.append(("grpc.ssl_target_name_override", server_name))
         self._credentials = credentials
-        self._loop = rpc_loop()
         self._lock = threading.Lock()
-        # Channels are made, used and closed on the loop's thread only.
-        self._channels: dict[str, tuple[grpc.aio.Channel, millstream_pb2_grpc.MapperStub]] = {}
-        self._under_way: dict[tuple[int, str, str, int], tuple[GetRowsCall, Answer]] = {}
-        self._acks: set[Answer] = set()
+        self._channels: dict[str, tuple[grpc.Channel, millstream_pb2_grpc.MapperStub]] = {}
+        self._under_way: dict[tuple[int, str, str, int], tuple[GetRowsCall, grpc.Future]] = {}
+        self._acks: set[grpc.Future] = set()
 
     def _stub(self, address: str) -> millstream_pb2_grpc.MapperStub:
-        """The stub of ``address``'s cached channel (on the loop's thread)."""
-        entry = self._channels.get(address)
-        if entry is None:
-            channel = (
-                grpc.aio.insecure_channel(address, options=self._options)
-                if self._credentials is None
-                else grpc.aio.secure_channel(address, self._credentials, options=self._options)
-            )
-            entry = (channel, millstream_pb2_grpc.MapperStub(channel))
-            self._channels[address] = entry
-        return entry[1]
+        with self._lock:
+            entry = self._channels.get(address)
+            if entry is None:
+                channel = (
+                    grpc.insecure_channel(address, options=self._options)
+                    if self._credentials is None
+                    else grpc.secure_channel(address, self._credentials, options=self._options)
+                )
+                entry = (channel, millstream_pb2_grpc.MapperStub(channel))
+                self._channels[address] = entry
+            return entry[1]
 
-    async def _get_rows(
-        self, address: str, request: millstream_pb2.GetRowsRequest
-    ) -> millstream_pb2.GetRowsResponse:
-        response: millstream_pb2.GetRowsResponse = await self._stub(address).GetRows(
-            request, timeout=self._timeout
-        )
-        return response
-
-    def _start(self, call: GetRowsCall) -> Answer:
+    def _start(self, call: GetRowsCall) -> grpc.Future:
         request = millstream_pb2.GetRowsRequest(
             count=call.max_rows,
             reducer_index=call.reducer_index,
@@ -150,11 +90,13 @@ class GrpcRowsClient:
         if call.after_row_index is not None:
             request.after_row_index = call.after_row_index
         request.shuffle_indices = call.shuffle_indices
-        # Cancelling the returned future cancels the call (the mapper stops holding it).
-        return asyncio.run_coroutine_threadsafe(self._get_rows(call.address, request), self._loop)
+        future: grpc.Future = self._stub(call.address).GetRows.future(
+            request, timeout=self._timeout
+        )
+        return future
 
     @staticmethod
-    def _result(future: Answer) -> GetRowsResult:
+    def _result(future: grpc.Future) -> GetRowsResult:
         try:
             response = future.result()
         except grpc.RpcError as exc:
@@ -204,9 +146,9 @@ class GrpcRowsClient:
                 break
             try:
                 future.exception(timeout=left)
-            except TimeoutError:
+            except grpc.FutureTimeoutError:
                 break
-            except concurrent.futures.CancelledError:
+            except grpc.FutureCancelledError:
                 pass
         if entries and not any(future.done() for _, future in entries):
             self._wait_for_any([future for _, future in entries], wait)
@@ -223,12 +165,13 @@ class GrpcRowsClient:
         return results
 
     @staticmethod
-    def _wait_for_any(futures: list[Answer], timeout: float) -> None:
+    def _wait_for_any(futures: list[grpc.Future], timeout: float) -> None:
         """Wait until one of ``futures`` is done, at most ``timeout`` seconds: with nothing
         to commit, the round sleeps on its calls instead of polling them."""
-        concurrent.futures.wait(
-            futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
-        )
+        done = threading.Event()
+        for future in futures:
+            future.add_done_callback(lambda _: done.set())
+        done.wait(timeout)
 
     def prefetch(self, calls: Sequence[GetRowsCall]) -> None:
         """Start the calls (or keep the ones under way that continue from the same start)
@@ -249,7 +192,7 @@ class GrpcRowsClient:
                 self._acks.add(future)
             future.add_done_callback(self._ack_done)
 
-    def _ack_done(self, future: Answer) -> None:
+    def _ack_done(self, future: grpc.Future) -> None:
         with self._lock:
             self._acks.discard(future)
 
@@ -259,18 +202,9 @@ class GrpcRowsClient:
             future.cancel()
         self._under_way.clear()
         with self._lock:
+            channels, self._channels = self._channels, {}
             acks, self._acks = self._acks, set()
         for future in acks:
             future.cancel()
-        if self._loop.is_closed():
-            return
-        closing = asyncio.run_coroutine_threadsafe(self._close_channels(), self._loop)
-        try:
-            closing.result(_CLOSE_SECONDS)
-        except TimeoutError:
-            closing.cancel()
-
-    async def _close_channels(self) -> None:
-        channels, self._channels = self._channels, {}
         for channel, _ in channels.values():
-            await channel.close()
+            channel.close()
