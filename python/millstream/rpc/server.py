@@ -85,6 +85,10 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
                 left = deadline - time.monotonic()
                 if count or left <= 0 or not isinstance(handler, RowsWaiter):
                     break
+                if isinstance(handler, RowsEnd) and handler.fetched_all(
+                    request.reducer_index, last
+                ):
+                    break  # nothing more will come for this reducer: do not hold it
                 if not context.is_active() or not handler.wait_for_rows(
                     request.reducer_index, left, **after
                 ):

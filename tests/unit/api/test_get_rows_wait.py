@@ -99,3 +99,41 @@ def test_an_acknowledgement_never_waits(tmp_path: Path) -> None:
         server.stop(0)
         worker.close()
         store.close()
+
+
+def test_a_mapper_whose_input_ended_answers_at_once(tmp_path: Path) -> None:
+    """Nothing more will come for a reducer that fetched everything of a mapper whose
+    bounded input ended: its GetRows is answered at once (input_ended), not held, so that
+    the reducer's last round of a bounded job does not wait for the mapper to drain."""
+    processor = ms.Processor(
+        mapper=Route,
+        reducer=Count,
+        input=MemoryInput([pa.table({"key": pa.array(range(10), pa.int64())})]),
+        store=f"sqlite:///{tmp_path / 'state.db'}",
+        num_reducers=1,
+    )
+    store = processor.open_store()
+    worker = MapperWorker(processor, 0, store, guid="m0")
+    worker.start_ingestion()
+    assert worker.ingest_once()
+    assert not worker.ingest_once()  # the end of the input
+    assert worker.end_of_input
+    server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
+    client = GrpcRowsClient(5.0, 1 << 24)
+    address = f"127.0.0.1:{server.port}"
+    try:
+        (rows,) = client.get_rows_many([GetRowsCall(0, address, "m0", 0, -1, 100, 1 << 20, 20.0)])
+        assert isinstance(rows, GetRowsResult)
+        assert rows.row_count == 10
+        # The next call, past every row, names a 20 s wait: held, it would fail on the
+        # call's 5 s deadline.
+        after = GetRowsCall(0, address, "m0", 0, rows.last_shuffle_row_index, 100, 1 << 20, 20.0)
+        (end,) = client.get_rows_many([after])
+        assert isinstance(end, GetRowsResult)
+        assert end.row_count == 0
+        assert end.input_ended
+    finally:
+        client.close()
+        server.stop(0)
+        worker.close()
+        store.close()
