@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import math
 import os
 import select
 import threading
@@ -77,8 +78,9 @@ class Wakeups:
     def sleep(fd: int, timeout_seconds: float) -> None:
         """Sleep until pipe ``fd`` holds a wake (at once if one came since the last
         sleep), at most ``timeout_seconds``; takes the wakes out."""
-        ready, _, _ = select.select([fd], [], [], max(0.0, timeout_seconds))
-        if ready:
+        poller = select.poll()  # not select(): descriptors past 1024 are common in workers
+        poller.register(fd, select.POLLIN)
+        if poller.poll(max(0, math.ceil(timeout_seconds * 1000))):
             _drain(fd)
 
     def wake(self, raw_keys: set[bytes]) -> None:
