@@ -6,7 +6,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -245,14 +244,14 @@ class SqliteStore(Store):
         this thread's last wait for ``key``, so ``until`` is checked only when the pipe is
         new: a caller that read and found nothing wakes at once if a commit followed."""
         pipe, made = self.wakeups.pipe(self.prefix_bytes + pack(key))
-        if pipe is None or made:  # no wake of an earlier commit is kept: read first
+        if pipe is None:  # no pipes here: read, then sleep
+            super().wait_for(key, until, timeout_seconds)
+            return
+        if made:  # no wake of an earlier commit is kept: read first
             with self.read() as txn:
                 if until(txn.get(key, snapshot=True)):
                     return
-        if pipe is None:
-            time.sleep(max(0.0, timeout_seconds))
-        else:
-            self.wakeups.sleep(pipe, timeout_seconds)
+        self.wakeups.sleep(pipe, timeout_seconds)
 
     def _wake(self, keys: set[bytes]) -> None:
         self.wakeups.wake(keys)
