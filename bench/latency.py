@@ -52,6 +52,7 @@ from typing import Any
 
 import millstream as ms
 import numpy as np
+from millstream.ledger import REDUCER_ACTIVITIES
 
 from bench.latency_stats import (
     fmt_ms,
@@ -290,10 +291,29 @@ def step_verdict(step: dict[str, Any], figures: dict[str, Any]) -> tuple[bool, s
 # --------------------------------------------------------------------------- running
 
 
+def reducer_time_shares(statuses: dict[tuple[str, int], dict[str, Any]]) -> dict[str, float]:
+    """Of the reducers' recent time (mean over reducers), the share in each activity of
+    ``REDUCER_ACTIVITIES`` (store transactions, ``reduce``, waiting for mappers)."""
+    reducers = [s for (role, _), s in statuses.items() if role == "reducer"]
+    return {
+        activity: float(
+            np.mean([float(s.get(f"seconds_{activity}_per_second", 0)) for s in reducers])
+        )
+        if reducers
+        else 0.0
+        for activity in REDUCER_ACTIVITIES
+    }
+
+
 def _progress(
-    pipeline: Pipeline, t0: float, producer: ProducerHandle, last: dict[str, float]
+    pipeline: Pipeline,
+    t0: float,
+    producer: ProducerHandle,
+    last: dict[str, float],
+    shares: list[tuple[float, dict[str, float]]] | None = None,
 ) -> tuple[int, int]:
-    """One progress line; returns (appended, committed)."""
+    """One progress line; returns (appended, committed). Appends (time, the reducers'
+    time shares) to ``shares``."""
     appended = sum(pipeline.queue_ends())
     committed = pipeline.collector.rows
     now = time.time()
@@ -308,11 +328,15 @@ def _progress(
     rate = (committed - last.get("committed", 0)) / max(1e-9, now - last.get("time", t0))
     last.update(committed=committed, time=now)
     step = producer.steps[-1]["rate"] if producer.steps else float("nan")
+    time_shares = reducer_time_shares(statuses)
+    if shares is not None:
+        shares.append((now, time_shares))
     log(
         f"  {now - t0:6.1f} s  appended {appended:,}  committed {committed:,} "
         f"({rate:,.0f} rows/s)  backlog {appended - committed:,}  last 2 s: p50 "
         f"{fmt_ms(lat.get('p50'))} ms p99 {fmt_ms(lat.get('p99'))} ms  windows {windows}  "
-        f"[last step done: {step:,.0f} rows/s]  load {loadavg().split()[0]}"
+        f"[last step done: {step:,.0f} rows/s]  load {loadavg().split()[0]}  reducers' time: "
+        + " ".join(f"{a} {share:.0%}" for a, share in time_shares.items())
     )
     return appended, committed
 
@@ -343,15 +367,22 @@ def run_fixed(args: argparse.Namespace, rate: float, label: str) -> dict[str, An
         producer = pipeline.producer(plan)
         t0 = time.time()
         last: dict[str, float] = {}
+        shares: list[tuple[float, dict[str, float]]] = []
         while producer.poll(2.0) is None:
             if pipeline.failed():
                 raise RuntimeError(f"the processor failed: {pipeline.failed()}")
-            _progress(pipeline, t0, producer, last)
+            _progress(pipeline, t0, producer, last, shares)
         produced, summary, verified = _finish(pipeline, producer)
         samples = pipeline.collector.samples()
         step = produced.steps[0]
         figures = analyze(samples, step["start"] + args.warmup, step["end"])
         whole = analyze(samples, step["start"], step["end"])
+        # Rates over the last 10 s: the ones read once that span lies in the steady part.
+        steady = [s for at, s in shares if at - 10 >= step["start"] + args.warmup]
+        figures["reducer_time_shares"] = {
+            activity: float(np.mean([s[activity] for s in steady])) if steady else None
+            for activity in REDUCER_ACTIVITIES
+        }
         result = {
             "label": label,
             "mode": "fixed",
@@ -543,6 +574,12 @@ def _print_fixed(result: dict[str, Any]) -> None:
         f"map->fetch p99 {fmt_ms(s['map_to_fetch']['p99'])}, fetch->commit p99 "
         f"{fmt_ms(s['fetch_to_commit']['p99'])}; {result['verified']['summary']}"
     )
+    shares = s.get("reducer_time_shares") or {}
+    if any(share is not None for share in shares.values()):
+        log(
+            "  reducers' time (mean over reducers, steady part): "
+            + ", ".join(f"{a} {share:.0%}" for a, share in shares.items() if share is not None)
+        )
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -183,15 +183,18 @@ def render_status(status: dict[str, Any]) -> str:
             errors.append(f"mapper {m['index']}: {m['last_error']}")
     lines.append(
         f"{'reducer':>7} {'alive':>5} {'commits':>9} {'rows':>12} {'rows/commit':>11} "
-        f"{'rows/s':>10} {'MB/s':>7} {'last commit':>11}  committed row indices"
+        f"{'rows/s':>10} {'MB/s':>7} {'last commit':>11} {'store':>5} {'reduce':>6} "
+        f"{'wait':>5}  committed row indices"
     )
     for r in status["reducers"]:
         since = r["seconds_since_commit"]
+        shares = r["time_shares"]
         lines.append(
             f"{r['index']:>7} {'yes' if r['alive'] else 'no':>5} {r['commits']:>9,} "
             f"{r['rows_reduced']:>12,} {r['rows_reduced'] // max(1, r['commits']):>11,} "
             f"{r['rows_per_second']:>10,.0f} {r['bytes_per_second'] / 1e6:>7.1f} "
-            f"{_optional(since, '.1f') + (' s ago' if since is not None else ''):>11}  "
+            f"{_optional(since, '.1f') + (' s ago' if since is not None else ''):>11} "
+            f"{shares['store']:>5.0%} {shares['reduce']:>6.0%} {shares['mappers']:>5.0%}  "
             f"{r['committed_row_indices']}"
         )
         if r["last_error"]:

@@ -1,5 +1,5 @@
 """``millstream status --json`` on a running processor: per-partition lag against the
-input's true size, falling to 0 once the input is drained."""
+input's true size, falling to 0 once the input is drained; where the reducers' time goes."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def test_status_json_lag_is_the_rows_left_in_each_partition(tmp_path: Path) -> N
         text=True,
     )
     seen_lag: list[int] = []
+    seen_shares: list[dict[str, float]] = []
     try:
         while run.poll() is None:
             status = _status(store) if (tmp_path / "state.db").exists() else None
@@ -57,6 +58,8 @@ def test_status_json_lag_is_the_rows_left_in_each_partition(tmp_path: Path) -> N
                 assert mapper["partition_end_row_index"] == PER_PARTITION
                 assert mapper["lag_rows"] == PER_PARTITION - mapper["rows_persisted"]
                 seen_lag.append(mapper["lag_rows"])
+            if status:
+                seen_shares.extend(reducer["time_shares"] for reducer in status["reducers"])
             time.sleep(0.2)
         out, err = run.communicate(timeout=240)
     finally:
@@ -65,6 +68,12 @@ def test_status_json_lag_is_the_rows_left_in_each_partition(tmp_path: Path) -> N
     assert run.returncode == 0, err
     assert f"drained: {ROWS:,} rows read" in out
     assert any(lag > 0 for lag in seen_lag), "the status never showed a mapper behind"
+    # Mappers that sleep in map: their reducers spend their time waiting for answers.
+    assert any(shares["mappers"] > 0.1 for shares in seen_shares), seen_shares
+    for shares in seen_shares:
+        assert set(shares) == {"store", "reduce", "mappers"}
+        assert all(share >= 0 for share in shares.values()), shares
+        assert sum(shares.values()) <= 1.05, shares  # shares of one thread's time
 
     status = _status(store)
     assert status is not None

@@ -59,13 +59,14 @@ from millstream.ledger.reducer import (
     reducer_state_key,
     write_reducer_state,
 )
-from millstream.ledger.status import read_status
+from millstream.ledger.status import REDUCER_ACTIVITIES, read_status
 from millstream.ledger.subspaces import OUTPUT, QUEUES, ROLES, SINKS, SYSTEM
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",
     "OUTPUT",
     "QUEUES",
+    "REDUCER_ACTIVITIES",
     "ROLES",
     "SINKS",
     "SYSTEM",

@@ -12,6 +12,12 @@ from millstream.ledger.processor import read_processor_info
 from millstream.ledger.reducer import read_reducer_state
 from millstream.state.base import StoreTransaction
 
+REDUCER_ACTIVITIES = ("store", "reduce", "mappers")
+"""Where a reducer's time goes: its store transactions (reading its state and spills,
+committing; ``reduce`` excluded), the user's ``reduce`` or ``process``, and GetRows
+(waiting for the mappers' answers, sending acknowledgements). The rest is its own work
+(decoding rows, outputs) and sleeping between rounds."""
+
 
 def _float(status: dict[str, Metric], what: str) -> float:
     try:
@@ -29,7 +35,9 @@ def read_status(
     Mappers: rows read and persisted, ``lag_rows`` (rows of the input partition not yet
     committed, when the input knows its end), ``lag_seconds`` (that lag over the recent
     commit rate), recent rows/s and the window. Reducers: commits, rows, recent rows/s,
-    seconds since the last commit and the committed row indices. A worker is ``alive``
+    seconds since the last commit, the committed row indices and ``time_shares``: of its
+    recent time, the share in store transactions, in the user's ``reduce`` and waiting for
+    the mappers' answers (:data:`REDUCER_ACTIVITIES`). A worker is ``alive``
     when its discovery entry's heartbeat is younger than ten ``heartbeat`` periods.
     """
     info = read_processor_info(txn)
@@ -80,6 +88,10 @@ def read_status(
                 "bytes_per_second": _float(s, "bytes_fetched") / uptime if uptime else 0.0,
                 "seconds_since_commit": now - last_commit if last_commit else None,
                 "committed_row_indices": list(committed),
+                "time_shares": {
+                    activity: _float(s, f"seconds_{activity}_per_second")
+                    for activity in REDUCER_ACTIVITIES
+                },
                 "last_error": str(s.get("last_error", "")),
             }
         )

@@ -71,6 +71,18 @@ _COUNTERS = {
             "millstream_files_published",
             "Parquet files reducers published to output sinks in their commits.",
         ),
+        "seconds_store": (
+            "millstream_reducer_store_seconds",
+            "Seconds reducers spent in store transactions (their reduce excluded).",
+        ),
+        "seconds_reduce": (
+            "millstream_reducer_reduce_seconds",
+            "Seconds reducers spent in the user's reduce (or process).",
+        ),
+        "seconds_mappers": (
+            "millstream_reducer_mapper_wait_seconds",
+            "Seconds reducers spent waiting for their mappers' GetRows answers.",
+        ),
     },
 }
 """Status figure -> (metric name without ``_total``, help), per role."""

@@ -30,6 +30,7 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.ledger import (
+    REDUCER_ACTIVITIES,
     ReducerState,
     WorkerInfo,
     drained_key,
@@ -52,6 +53,7 @@ from millstream.workers.cadence import CommitCadence
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 from millstream.workers.discovery import DiscoveryView
 from millstream.workers.pending import PendingQueue
+from millstream.workers.status import TimeSpent
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -139,6 +141,8 @@ class ReducerWorker:
         self._missing_since: float | None = None
         """When a gathering reducer first found an undrained mapper missing from discovery."""
         self.renewals = 0
+        self.time_spent = TimeSpent(*REDUCER_ACTIVITIES)
+        """Where this reducer's time goes (``millstream status``)."""
         self.discovery = DiscoveryView(clock, self.tuning.heartbeat_seconds)
         self.on_committed: Callable[[float, int, int, int], None] | None = None
         """Told each commit's latency (seconds), bytes written, rows reduced and Arrow
@@ -166,7 +170,7 @@ class ReducerWorker:
         removed from discovery.
         """
         m = self.processor.num_partitions
-        with self.store.read() as txn:
+        with self.time_spent.spent_on("store"), self.store.read() as txn:
             state = read_reducer_state(txn, self.index, m)
             mappers, dead = self.discovery.observe(list_workers(txn, "mapper"))
             drained = {i for i in range(m) if txn.get(drained_key(i), snapshot=True) is not None}
@@ -174,6 +178,13 @@ class ReducerWorker:
         if dead:
             self._forget_mappers(dead)
         return state, mappers, drained
+
+    def _get_rows(self, calls: list[GetRowsCall]) -> list[GetRowsResult | BaseException]:
+        """This round's answers (thesis 4.4.2 step 4), timed as waiting for the mappers."""
+        if not calls:
+            return []
+        with self.time_spent.spent_on("mappers"):
+            return self.rows_client.get_rows_many(calls)
 
     def _forget_mappers(self, dead: list[WorkerInfo]) -> None:
         """Remove dead mapper entries from discovery; failing is harmless (retried later)."""
@@ -272,7 +283,7 @@ class ReducerWorker:
         calls = self._calls(state, live, max_rows, max_bytes, poll, gather_rows=gather)
         if not calls and not self._spill_pending:
             return False
-        results = self.rows_client.get_rows_many(calls) if calls else []
+        results = self._get_rows(calls)
         answered = [result for result in results if isinstance(result, GetRowsResult)]
         if answered:
             self.behind = any(result.behind for result in answered)
@@ -397,7 +408,7 @@ class ReducerWorker:
             dataclasses.replace(call, after_row_index=queue.fetched[call.mapper_index])
             for call in self._calls(state, live, max_rows, max_bytes, poll, shuffle_indices=True)
         ]
-        results = self.rows_client.get_rows_many(calls) if calls else []
+        results = self._get_rows(calls)
         answers: dict[int, GetRowsResult] = {}
         for call, result in zip(calls, results, strict=True):
             if isinstance(result, NotAnsweredYet):
@@ -589,7 +600,8 @@ class ReducerWorker:
             if call.mapper_index in mappers
         ]
         if acks:
-            self.rows_client.acknowledge_many(acks)
+            with self.time_spent.spent_on("mappers"):
+                self.rows_client.acknowledge_many(acks)
 
     def _read_spilled(
         self, committed: tuple[int, ...], max_bytes: int, *, indices: bool = False
@@ -599,7 +611,7 @@ class ReducerWorker:
         per mapper the rows (their shuffle index column dropped unless ``indices``), the
         last shuffle index read and the bytes read; about ``max_bytes`` per mapper."""
         out: dict[int, tuple[pa.RecordBatch, int, int]] = {}
-        with self.store.read() as txn:
+        with self.time_spent.spent_on("store"), self.store.read() as txn:
             if not spill_pending(txn, self.index):
                 return False, out
             for m, after in enumerate(committed):
@@ -678,7 +690,8 @@ class ReducerWorker:
         """Run the user's ``reduce`` or ``process``; its errors (not the store's) become a
         :class:`UserCodeError` that says ``what`` and that nothing was committed."""
         try:
-            call()
+            with self.time_spent.spent_on("reduce"):
+                call()
         except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
             raise
         except Exception as exc:
@@ -716,7 +729,7 @@ class ReducerWorker:
         txn = ReplayingTransaction(self.store)
         outputs = self._staged_outputs()
         try:
-            with outputs.settled_with(txn):
+            with self.time_spent.spent_on("store"), outputs.settled_with(txn):
                 done = reduce(txn, outputs)
                 if done is None:
                     txn.reset()
@@ -785,6 +798,7 @@ class ReducerWorker:
             "rows_emitted": self.rows_emitted,
             "files_published": self.files_published,
             "renewals": self.renewals,
+            **self.time_spent.figures(),
             "committed_row_indices": ",".join(map(str, committed)),
             "uptime": self.clock.now() - self.started_at,
             "errors": self.errors,

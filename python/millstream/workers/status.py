@@ -12,10 +12,11 @@ import logging
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from millstream.ledger import Metric
+from millstream.ledger import REDUCER_ACTIVITIES, Metric
 
 if TYPE_CHECKING:
     from millstream.inputs.base import Input
@@ -98,8 +99,46 @@ class MapperStatus:
         return figures
 
 
+class TimeSpent:
+    """Seconds of real time a worker's loop spent on each of ``activities``.
+
+    A span timed inside another (``reduce`` inside a commit's ``store`` time) counts for
+    the inner activity only. Published as ``seconds_<activity>`` counters; their recent
+    rates (seconds per second) are the shares of the worker's time, what ``millstream
+    status`` shows. Read from the heartbeat thread while the loop adds to it: each figure
+    is a float written whole.
+    """
+
+    def __init__(self, *activities: str, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.seconds = dict.fromkeys(activities, 0.0)
+        self._clock = clock
+        self._open: list[tuple[str, float]] = []  # the spans under way, innermost last
+
+    @contextmanager
+    def spent_on(self, activity: str) -> Iterator[None]:
+        """Count the time inside the block for ``activity``."""
+        now = self._clock()
+        if self._open:
+            outer, since = self._open[-1]
+            self.seconds[outer] += now - since
+        self._open.append((activity, now))
+        try:
+            yield
+        finally:
+            now = self._clock()
+            _, since = self._open.pop()
+            self.seconds[activity] += now - since
+            if self._open:
+                self._open[-1] = (self._open[-1][0], now)
+
+    def figures(self) -> dict[str, float]:
+        """``seconds_<activity>`` for each activity."""
+        return {f"seconds_{activity}": value for activity, value in self.seconds.items()}
+
+
 class ReducerStatus:
-    """A reducer's status: its own figures, recent rates and when it last committed
+    """A reducer's status: its own figures, recent rates (rows, commits, and the shares of
+    its time in each activity of :data:`REDUCER_ACTIVITIES`) and when it last committed
     (as seen by the heartbeat: within one heartbeat period)."""
 
     def __init__(
@@ -122,6 +161,10 @@ class ReducerStatus:
                     "rows_reduced": float(figures.get("rows_reduced", 0)),
                     "commits": float(commits),
                 }
+                | {
+                    f"seconds_{activity}": float(figures.get(f"seconds_{activity}", 0))
+                    for activity in REDUCER_ACTIVITIES
+                }
             )
         )
         if self._last_commit:
@@ -129,4 +172,10 @@ class ReducerStatus:
         return figures
 
 
-__all__ = ["RATE_SPAN_SECONDS", "MapperStatus", "RecentRates", "ReducerStatus"]
+__all__ = [
+    "RATE_SPAN_SECONDS",
+    "MapperStatus",
+    "RecentRates",
+    "ReducerStatus",
+    "TimeSpent",
+]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import millstream as ms
 import pyarrow as pa
@@ -23,6 +24,7 @@ from millstream.exceptions import (
 )
 from millstream.ledger import (
     OUTPUT,
+    REDUCER_ACTIVITIES,
     ReducerState,
     check_processor_info,
     list_workers,
@@ -38,6 +40,7 @@ from millstream.state.limits import StoreLimits
 from millstream.testing import InProcessTransport
 from millstream.workers import Heartbeat, ManualClock, MapperWorker, ReducerWorker
 from millstream.workers.reducer import Round
+from millstream.workers.status import TimeSpent
 from worker_fixtures import (
     BATCH_ROWS,
     ROWS_PER_PARTITION,
@@ -670,4 +673,34 @@ def test_reducer_rounds_start_one_commit_interval_apart_whatever_they_take(
     worker.run_once = run_once  # type: ignore[method-assign]
     worker.run(stop)
     assert [round(b - a, 6) for a, b in itertools.pairwise(starts)] == [1.0, 1.0, 1.0]
+    c.store.close()
+
+
+def test_reducer_status_says_where_its_time_went(tmp_path: Path) -> None:
+    """Store transactions, ``reduce`` and waiting for mappers are timed apart: ``reduce``
+    runs inside the commit's transaction but counts as ``reduce`` only."""
+    c = Cluster(tmp_path, _tables())
+    for mapper in c.mappers.values():
+        mapper.ingest_once()
+    worker = c.reducers[0]
+    worker.time_spent = TimeSpent(*REDUCER_ACTIVITIES, clock=c.clock.now)
+    client, store, user = worker.rows_client, c.store, worker.user
+
+    def taking(seconds: float, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            c.clock.advance(seconds)
+            return call(*args, **kwargs)
+
+        return timed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "read", taking(0.125, store.read))  # the view, the spills
+        patch.setattr(client, "get_rows_many", taking(0.25, client.get_rows_many))
+        patch.setattr(client, "acknowledge_many", taking(0.0625, client.acknowledge_many))
+        patch.setattr(user, "reduce", taking(0.5, user.reduce))
+        assert worker.run_once()
+    figures = worker.metrics()
+    assert figures["seconds_store"] == 0.25
+    assert figures["seconds_reduce"] == 0.5
+    assert figures["seconds_mappers"] == 0.3125
     c.store.close()
