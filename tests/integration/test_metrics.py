@@ -132,6 +132,9 @@ def test_scraped_metrics_match_the_input_the_store_and_the_restarts(tmp_path: Pa
     ]
     assert buckets == sorted(buckets), "histogram buckets are cumulative"
     assert buckets[-1] <= commits
+    # Where the reducers' time went; slow mappers keep them waiting for answers.
+    for activity in ("store", "reduce", "mapper_wait"):
+        assert total(final, f"millstream_reducer_{activity}_seconds_total") > 0, activity
     assert runner.restarts == 1
     assert total(final, "millstream_restarts_total", role="mapper", index="0") == 1
     assert total(final, "millstream_restarts_total") == 1
