@@ -194,7 +194,7 @@ def render_status(status: dict[str, Any]) -> str:
             f"{r['rows_reduced']:>12,} {r['rows_reduced'] // max(1, r['commits']):>11,} "
             f"{r['rows_per_second']:>10,.0f} {r['bytes_per_second'] / 1e6:>7.1f} "
             f"{_optional(since, '.1f') + (' s ago' if since is not None else ''):>11} "
-            f"{shares['store']:>5.0%} {shares['reduce']:>6.0%} {shares['mappers']:>5.0%}  "
+            f"{shares['store']:>5.0%} {shares['reduce']:>6.0%} {shares['mapper_wait']:>5.0%}  "
             f"{r['committed_row_indices']}"
         )
         if r["last_error"]:

@@ -69,9 +69,9 @@ def test_status_json_lag_is_the_rows_left_in_each_partition(tmp_path: Path) -> N
     assert f"drained: {ROWS:,} rows read" in out
     assert any(lag > 0 for lag in seen_lag), "the status never showed a mapper behind"
     # Mappers that sleep in map: their reducers spend their time waiting for answers.
-    assert any(shares["mappers"] > 0.1 for shares in seen_shares), seen_shares
+    assert any(shares["mapper_wait"] > 0.1 for shares in seen_shares), seen_shares
     for shares in seen_shares:
-        assert set(shares) == {"store", "reduce", "mappers"}
+        assert set(shares) == {"store", "reduce", "mapper_wait"}
         assert all(share >= 0 for share in shares.values()), shares
         assert sum(shares.values()) <= 1.05, shares  # shares of one thread's time
 

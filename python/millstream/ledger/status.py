@@ -12,7 +12,7 @@ from millstream.ledger.processor import read_processor_info
 from millstream.ledger.reducer import read_reducer_state
 from millstream.state.base import StoreTransaction
 
-REDUCER_ACTIVITIES = ("store", "reduce", "mappers")
+REDUCER_ACTIVITIES = ("store", "reduce", "mapper_wait")
 """Where a reducer's time goes: its store transactions (reading its state and spills,
 committing; ``reduce`` excluded), the user's ``reduce`` or ``process``, and GetRows
 (waiting for the mappers' answers, sending acknowledgements). The rest is its own work

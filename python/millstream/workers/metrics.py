@@ -79,7 +79,7 @@ _COUNTERS = {
             "millstream_reducer_reduce_seconds",
             "Seconds reducers spent in the user's reduce (or process).",
         ),
-        "seconds_mappers": (
+        "seconds_mapper_wait": (
             "millstream_reducer_mapper_wait_seconds",
             "Seconds reducers spent waiting for their mappers' GetRows answers.",
         ),

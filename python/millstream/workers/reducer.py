@@ -180,10 +180,10 @@ class ReducerWorker:
         return state, mappers, drained
 
     def _get_rows(self, calls: list[GetRowsCall]) -> list[GetRowsResult | BaseException]:
-        """This round's answers (thesis 4.4.2 step 4), timed as waiting for the mappers."""
+        """This round's answers (thesis 4.4.2 step 3), timed as waiting for the mappers."""
         if not calls:
             return []
-        with self.time_spent.spent_on("mappers"):
+        with self.time_spent.spent_on("mapper_wait"):
             return self.rows_client.get_rows_many(calls)
 
     def _forget_mappers(self, dead: list[WorkerInfo]) -> None:
@@ -600,7 +600,7 @@ class ReducerWorker:
             if call.mapper_index in mappers
         ]
         if acks:
-            with self.time_spent.spent_on("mappers"):
+            with self.time_spent.spent_on("mapper_wait"):
                 self.rows_client.acknowledge_many(acks)
 
     def _read_spilled(

@@ -702,5 +702,5 @@ def test_reducer_status_says_where_its_time_went(tmp_path: Path) -> None:
     figures = worker.metrics()
     assert figures["seconds_store"] == 0.25
     assert figures["seconds_reduce"] == 0.5
-    assert figures["seconds_mappers"] == 0.3125
+    assert figures["seconds_mapper_wait"] == 0.3125
     c.store.close()
