@@ -113,6 +113,7 @@ class TimeSpent:
         self.seconds = dict.fromkeys(activities, 0.0)
         self._clock = clock
         self._open: list[tuple[str, float]] = []  # the spans under way, innermost last
+        self._reported: dict[str, float] = {}
 
     @contextmanager
     def spent_on(self, activity: str) -> Iterator[None]:
@@ -132,8 +133,18 @@ class TimeSpent:
                 self._open[-1] = (self._open[-1][0], now)
 
     def figures(self) -> dict[str, float]:
-        """``seconds_<activity>`` for each activity."""
-        return {f"seconds_{activity}": value for activity, value in self.seconds.items()}
+        """``seconds_<activity>`` for each activity, the span under way counted so far (a
+        ``reduce`` of minutes shows while it runs). Called from another thread than the
+        loop's: a span that ends while this reads may be missed once, so each figure is
+        kept at least at what it was last time (the counters never go back)."""
+        seconds = dict(self.seconds)
+        running = self._open[-1:]  # one read: the loop may end the span meanwhile
+        if running:
+            activity, since = running[0]
+            seconds[activity] += max(0.0, self._clock() - since)
+        for activity, value in seconds.items():
+            self._reported[activity] = max(value, self._reported.get(activity, 0.0))
+        return {f"seconds_{activity}": value for activity, value in self._reported.items()}
 
 
 class ReducerStatus:
