@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -114,6 +115,7 @@ class TimeSpent:
         self._clock = clock
         self._open: list[tuple[str, float]] = []  # the spans under way, innermost last
         self._reported: dict[str, float] = {}
+        self._reporting = threading.Lock()  # the heartbeat's and a final status's readers
 
     @contextmanager
     def spent_on(self, activity: str) -> Iterator[None]:
@@ -142,9 +144,10 @@ class TimeSpent:
         if running:
             activity, since = running[0]
             seconds[activity] += max(0.0, self._clock() - since)
-        for activity, value in seconds.items():
-            self._reported[activity] = max(value, self._reported.get(activity, 0.0))
-        return {f"seconds_{activity}": value for activity, value in self._reported.items()}
+        with self._reporting:
+            for activity, value in seconds.items():
+                self._reported[activity] = max(value, self._reported.get(activity, 0.0))
+            return {f"seconds_{activity}": value for activity, value in self._reported.items()}
 
 
 class ReducerStatus:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
 from millstream.workers import ManualClock
 from millstream.workers.status import TimeSpent
 
 
-def test_an_inner_span_counts_for_its_own_activity_only() -> None:
-    clock = ManualClock()
-    spent = TimeSpent("store", "reduce", clock=clock.now)
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def spent(clock: ManualClock) -> TimeSpent:
+    return TimeSpent("store", "reduce", clock=clock.now)
+
+
+def test_an_inner_span_counts_for_its_own_activity_only(
+    clock: ManualClock, spent: TimeSpent
+) -> None:
     with spent.spent_on("store"):
         clock.advance(1.0)
         with spent.spent_on("reduce"):
@@ -17,9 +28,9 @@ def test_an_inner_span_counts_for_its_own_activity_only() -> None:
     assert spent.figures() == {"seconds_store": 3.0, "seconds_reduce": 4.0}
 
 
-def test_the_span_under_way_shows_while_it_runs_and_figures_never_go_back() -> None:
-    clock = ManualClock()
-    spent = TimeSpent("store", "reduce", clock=clock.now)
+def test_the_span_under_way_shows_while_it_runs_and_figures_never_go_back(
+    clock: ManualClock, spent: TimeSpent
+) -> None:
     with spent.spent_on("store"):
         clock.advance(1.0)
         with spent.spent_on("reduce"):
