@@ -19,6 +19,8 @@ time on :class:`ManualClock` and :class:`InProcessTransport`, adding faults.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -185,8 +187,14 @@ class InProcessTransport:
 
     def prefetch(self, calls: Sequence[GetRowsCall]) -> None:
         """Serve the calls now (a mapper that answers before the reducer's commit ends);
-        the next :meth:`get_rows_many` takes the answers of the calls it repeats."""
+        the next :meth:`get_rows_many` takes the answers of the calls it repeats. A call
+        for a round that starts later (``start_in_seconds``) only reports its committed
+        index now; the round serves it."""
         for call in calls:
+            if call.start_in_seconds > 0:
+                with contextlib.suppress(Exception):  # as a mapper would on the call's arrival
+                    self.serve(dataclasses.replace(call, max_rows=0, wait_seconds=0))
+                continue
             try:
                 result: object = self.serve(call)
             except Exception as exc:

@@ -45,6 +45,9 @@ class GetRowsCall:
             index).
         shuffle_indices: Return each row's shuffle index too (the last column,
             ``_core.SHUFFLE_INDEX_COLUMN``), so that a queue reducer can commit any prefix.
+        start_in_seconds: The reducer's round that takes the answer starts this long
+            after the call: the mapper takes note of ``committed_row_index`` at once and
+            answers no sooner (0: at once).
     """
 
     mapper_index: int
@@ -58,6 +61,7 @@ class GetRowsCall:
     gather_rows: int = 0
     after_row_index: int | None = None
     shuffle_indices: bool = False
+    start_in_seconds: float = 0.0
 
     @property
     def start(self) -> int:
@@ -118,9 +122,11 @@ class RowsClient(Protocol):
         ...
 
     def prefetch(self, calls: Sequence[GetRowsCall]) -> None:
-        """Start the calls without waiting: a later :meth:`get_rows_many` call to the same
-        mapper instance with the same :attr:`~GetRowsCall.start` takes the answer (a
-        pipelined reducer fetches its next rows while it commits)."""
+        """Start the calls without waiting: the next :meth:`get_rows_many` call to the same
+        mapper instance with the same :attr:`~GetRowsCall.start` takes the answer, and
+        waits for it as for a call of its own (a reducer sends its next round's calls
+        right after a commit, answered when the round starts; a pipelined one fetches its
+        next rows while it commits)."""
         ...
 
     def close(self) -> None:

@@ -63,6 +63,8 @@ class GrpcRowsClient:
         self._channels: dict[str, tuple[grpc.Channel, millstream_pb2_grpc.MapperStub]] = {}
         self._under_way: dict[tuple[int, str, str, int], tuple[GetRowsCall, grpc.Future]] = {}
         self._acks: set[grpc.Future] = set()
+        self._prefetched: set[tuple[int, str, str, int]] = set()
+        """Calls :meth:`prefetch` started since the last round: waited for as its own."""
 
     def _stub(self, address: str) -> millstream_pb2_grpc.MapperStub:
         with self._lock:
@@ -86,6 +88,7 @@ class GrpcRowsClient:
             max_bytes=call.max_bytes,
             wait_ms=round(call.wait_seconds * 1000),
             gather_rows=call.gather_rows,
+            start_in_ms=round(call.start_in_seconds * 1000),
         )
         if call.after_row_index is not None:
             request.after_row_index = call.after_row_index
@@ -121,7 +124,8 @@ class GrpcRowsClient:
                 future.cancel()
                 del self._under_way[key]
         entries = []
-        fresh = []  # calls made in this round: the only ones the round waits for
+        fresh = []  # calls made for this round: the only ones the round waits for
+        prefetched, self._prefetched = self._prefetched, set()
         for call in calls:
             entry = self._under_way.get(call.key)
             if entry is not None and not call.continues(entry[0]):
@@ -130,6 +134,8 @@ class GrpcRowsClient:
             if entry is None:
                 entry = (call, self._start(call))
                 self._under_way[call.key] = entry
+                fresh.append(entry[1])
+            elif call.key in prefetched:
                 fresh.append(entry[1])
             entries.append(entry)
         # A mapper that did not answer in an earlier round is not waited for again (a frozen
@@ -175,7 +181,8 @@ class GrpcRowsClient:
 
     def prefetch(self, calls: Sequence[GetRowsCall]) -> None:
         """Start the calls (or keep the ones under way that continue from the same start)
-        without waiting; :meth:`get_rows_many` takes their answers."""
+        without waiting; the next :meth:`get_rows_many` takes their answers, and waits for
+        the ones started here as for calls of its own."""
         for call in calls:
             entry = self._under_way.get(call.key)
             if entry is not None and call.continues(entry[0]):
@@ -183,6 +190,7 @@ class GrpcRowsClient:
             if entry is not None:
                 entry[1].cancel()
             self._under_way[call.key] = (call, self._start(call))
+            self._prefetched.add(call.key)
 
     def acknowledge_many(self, calls: Sequence[GetRowsCall]) -> None:
         """Send 0-row calls reporting committed indices, without waiting for them."""

@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetRowsRequest(_message.Message):
-    __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_id", "max_bytes", "wait_ms", "gather_rows", "after_row_index", "shuffle_indices")
+    __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_id", "max_bytes", "wait_ms", "gather_rows", "after_row_index", "shuffle_indices", "start_in_ms")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     REDUCER_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_ROW_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class GetRowsRequest(_message.Message):
     GATHER_ROWS_FIELD_NUMBER: _ClassVar[int]
     AFTER_ROW_INDEX_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    START_IN_MS_FIELD_NUMBER: _ClassVar[int]
     count: int
     reducer_index: int
     committed_row_index: int
@@ -24,7 +25,8 @@ class GetRowsRequest(_message.Message):
     gather_rows: int
     after_row_index: int
     shuffle_indices: bool
-    def __init__(self, count: _Optional[int] = ..., reducer_index: _Optional[int] = ..., committed_row_index: _Optional[int] = ..., mapper_id: _Optional[str] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., gather_rows: _Optional[int] = ..., after_row_index: _Optional[int] = ..., shuffle_indices: _Optional[bool] = ...) -> None: ...
+    start_in_ms: int
+    def __init__(self, count: _Optional[int] = ..., reducer_index: _Optional[int] = ..., committed_row_index: _Optional[int] = ..., mapper_id: _Optional[str] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., gather_rows: _Optional[int] = ..., after_row_index: _Optional[int] = ..., shuffle_indices: _Optional[bool] = ..., start_in_ms: _Optional[int] = ...) -> None: ...
 
 class GetRowsResponse(_message.Message):
     __slots__ = ("row_count", "last_shuffle_row_index", "arrow_ipc", "behind", "input_ended")

@@ -45,7 +45,9 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
     ) -> millstream_pb2.GetRowsResponse:
         max_bytes = min(request.max_bytes or self._max_bytes, self._max_bytes)
         wait = max(0, request.wait_ms) / 1000 if request.count > 0 else 0.0
-        deadline = time.monotonic() + min(wait, _MAX_WAIT_SECONDS)
+        start_in = min(max(0, request.start_in_ms) / 1000, _MAX_WAIT_SECONDS)
+        start = time.monotonic() + (start_in if request.count > 0 else 0.0)
+        deadline = start + min(wait, _MAX_WAIT_SECONDS)
         # Passed only when set, so handlers that predate fetch positions keep working.
         after = (
             {"after_row_index": request.after_row_index}
@@ -57,6 +59,18 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
             options["shuffle_indices"] = True
         try:
             handler = self._handler(request.mapper_id)
+            if start > time.monotonic():
+                # The reducer's next round: take note of its commit now (frees memory, lets
+                # the mapper persist and trim), answer when the round starts.
+                handler.handle_get_rows(
+                    request.reducer_index,
+                    request.committed_row_index,
+                    0,
+                    max_bytes,
+                    request.mapper_id,
+                )
+                while context.is_active() and (left := start - time.monotonic()) > 0:
+                    time.sleep(min(left, 0.1))
             if request.gather_rows > 0 and wait > 0 and isinstance(handler, RowsGatherer):
                 # Acknowledge the committed index first (frees memory, lets the mapper read
                 # on), then hold the call while the reducer's backlog gathers.

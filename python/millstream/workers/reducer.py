@@ -142,6 +142,9 @@ class ReducerWorker:
         """When a gathering reducer first found an undrained mapper missing from discovery."""
         self.renewals = 0
         self.time_spent = TimeSpent(*REDUCER_ACTIVITIES)
+        self.cadence = CommitCadence(self.tuning)
+        """When the next round may start after one that committed (:meth:`run`)."""
+        self._round_started = clock.now()
         """Where this reducer's time goes (``millstream status``)."""
         self.discovery = DiscoveryView(clock, self.tuning.heartbeat_seconds)
         self.on_committed: Callable[[float, int, int, int], None] | None = None
@@ -261,6 +264,7 @@ class ReducerWorker:
             TransactionTooLargeError: Even a single row's writes exceed the store's limit.
             RetryableStoreError, StoreUnavailableError: The store failed; retry later.
         """
+        self._round_started = self.clock.now()
         state, mappers, drained = self._read_view()
         self.last_state = state
         self.user.drained_mappers = frozenset() if self.rescaling else frozenset(drained)
@@ -274,15 +278,10 @@ class ReducerWorker:
             return False
         if self.pending is not None:
             return self._run_queue_once(self.pending, state, live, drained)
-        max_rows, max_bytes = self._caps(len(live))
-        gather = self._gather_rows(max_rows, max_bytes)
-        poll = min(
-            self.tuning.gather_seconds if gather else self.tuning.get_rows_poll_seconds,
-            self.tuning.rpc_timeout_seconds / 2,
-        )
-        calls = self._calls(state, live, max_rows, max_bytes, poll, gather_rows=gather)
+        calls = self._round_calls(state, live)
         if not calls and not self._spill_pending:
             return False
+        _, max_bytes = self._caps(len(live))
         results = self._get_rows(calls)
         answered = [result for result in results if isinstance(result, GetRowsResult)]
         if answered:
@@ -382,10 +381,42 @@ class ReducerWorker:
             return False
         if committed:
             self._rescale(self.last_write_size, self.store.limits.max_transaction_bytes)
-            if self.tuning.acknowledge_commits:
+            if self.tuning.acknowledge_commits and not self._send_next_round(
+                ReducerState(tuple(new)), live
+            ):
                 self.acknowledge(calls, new, senders)
             self._notify_commit()
         return committed
+
+    def _send_next_round(self, state: ReducerState, live: dict[int, WorkerInfo]) -> bool:
+        """After a commit, send the next round's GetRows at once when that round waits for
+        the commit cadence: each tells its mapper of the commit on arrival (what a 0-row
+        call would) and is answered when the round starts, with the rows that came
+        meanwhile; a channel with a call under way needs no new thread per call either.
+        Returns False (nothing sent) for a round that starts at once (the reducer is
+        behind), and with ``pipeline_fetch`` (its calls under way name its fetch
+        positions)."""
+        if self.tuning.pipeline_fetch or self.capped or self.gathering:
+            return False
+        start_in = max(0.0, self.cadence.interval - (self.clock.now() - self._round_started))
+        calls = [
+            dataclasses.replace(call, start_in_seconds=start_in)
+            for call in self._round_calls(state, live)
+        ]
+        with self.time_spent.spent_on("mapper_wait"):
+            self.rows_client.prefetch(calls)
+        return True
+
+    def _round_calls(self, state: ReducerState, live: dict[int, WorkerInfo]) -> list[GetRowsCall]:
+        """A round's GetRows from ``state``: held by a mapper without rows up to the poll,
+        or while it gathers a backlog."""
+        max_rows, max_bytes = self._caps(len(live))
+        gather = self._gather_rows(max_rows, max_bytes)
+        poll = min(
+            self.tuning.gather_seconds if gather else self.tuning.get_rows_poll_seconds,
+            self.tuning.rpc_timeout_seconds / 2,
+        )
+        return self._calls(state, live, max_rows, max_bytes, poll, gather_rows=gather)
 
     def _run_queue_once(
         self,
@@ -878,7 +909,7 @@ class ReducerWorker:
         t = self.tuning
         backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
         idle = Backoff(t.idle_seconds, max(t.idle_seconds, min(0.1, t.commit_interval_seconds)))
-        cadence = CommitCadence(t)
+        cadence = self.cadence
         last_start = self.clock.now() - cadence.interval  # of the last round that committed
         finish_publishing(self.processor.outputs)
         with self.store.read() as txn:

@@ -137,3 +137,51 @@ def test_a_mapper_whose_input_ended_answers_at_once(tmp_path: Path) -> None:
         server.stop(0)
         worker.close()
         store.close()
+
+
+def test_a_call_for_a_later_round_acknowledges_at_once_and_answers_with_later_rows(
+    tmp_path: Path,
+) -> None:
+    """A reducer sends its next round's GetRows right after a commit: the mapper frees the
+    committed rows on arrival, and answers at the round's start with the rows that came
+    meanwhile (not only those it held when the call came)."""
+    rows = pa.table({"key": pa.array(range(1_000), pa.int64())})
+    processor = ms.Processor(
+        mapper=Route,
+        reducer=Count,
+        input=MemoryInput([rows]),
+        store=f"sqlite:///{tmp_path / 'state.db'}",
+        num_reducers=1,
+        tuning=ms.Tuning(batch_rows=250),
+    )
+    store = processor.open_store()
+    worker = MapperWorker(processor, 0, store, guid="m0")
+    worker.start_ingestion()
+    server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
+    client = GrpcRowsClient(30.0, 1 << 24)
+    try:
+        assert worker.ingest_once()  # rows 0-249
+        assert worker.ingest_once()  # rows 250-499
+        window = worker.window
+        assert window is not None
+        # The reducer committed rows 0-249; its next round starts in 3 s. Rows 250-499 are
+        # there already: answered at once, the call would hold only them.
+        call = GetRowsCall(
+            0, f"127.0.0.1:{server.port}", "m0", 0, 249, 10_000, 1 << 20, 20.0,
+            start_in_seconds=3.0,
+        )  # fmt: skip
+        client.prefetch([call])
+        deadline = time.monotonic() + 10
+        while window.snapshot().buffered_rows != 250:
+            assert time.monotonic() < deadline, "the commit never reached the mapper"
+            time.sleep(0.01)
+        assert worker.ingest_once()  # rows 500-749, while the call waits for the round
+        (result,) = client.get_rows_many([call])
+        assert isinstance(result, GetRowsResult)
+        assert result.row_count == 500
+        assert result.last_shuffle_row_index == 749
+    finally:
+        client.close()
+        server.stop(0)
+        worker.close()
+        store.close()

@@ -704,3 +704,41 @@ def test_reducer_status_says_where_its_time_went(tmp_path: Path) -> None:
     assert figures["seconds_reduce"] == 0.5
     assert figures["seconds_mapper_wait"] == 0.3125
     c.store.close()
+
+
+def test_a_reducer_sends_its_next_rounds_calls_right_after_a_commit(tmp_path: Path) -> None:
+    """A reducer whose next round waits for the commit cadence sends that round's GetRows
+    right after its commit: they tell the mappers of the commit at once (no 0-row calls)
+    and are answered when the round starts, with the rows that came meanwhile."""
+    c = Cluster(tmp_path, _tables(), num_reducers=1, gather_seconds=0.0)
+    for mapper in c.mappers.values():
+        mapper.ingest_once()
+    reducer = c.reducers[0]
+    client = reducer.rows_client
+    assert isinstance(client, InProcessTransport)
+    sent: list[Any] = []
+
+    def prefetch(calls: Any) -> None:
+        sent.extend(calls)
+        InProcessTransport.prefetch(client, calls)
+
+    def acknowledge_many(calls: Any) -> None:
+        raise AssertionError(f"0-row calls sent: {calls}")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(client, "prefetch", prefetch)
+        patch.setattr(client, "acknowledge_many", acknowledge_many)
+        assert reducer.run_once()
+        assert [call.start_in_seconds for call in sent] == [reducer.cadence.interval] * 2
+        assert [call.committed_row_index for call in sent] == [BATCH_ROWS - 1] * 2
+        for mapper in c.mappers.values():
+            window = mapper.window
+            assert window is not None
+            assert window.snapshot().buffered_rows == 0  # the commit reached the mapper
+            mapper.ingest_once()  # rows that come before the next round
+        assert reducer.run_once()  # ... are in its answers
+    with c.store.read() as txn:
+        assert read_reducer_state(txn, 0, 2).committed_row_indices == (2 * BATCH_ROWS - 1,) * 2
+    c.run_to_end()
+    assert c.output() == _expected(c.tables)
+    c.store.close()
