@@ -142,10 +142,10 @@ class ReducerWorker:
         """When a gathering reducer first found an undrained mapper missing from discovery."""
         self.renewals = 0
         self.time_spent = TimeSpent(*REDUCER_ACTIVITIES)
+        """Where this reducer's time goes (``millstream status``)."""
         self.cadence = CommitCadence(self.tuning)
         """When the next round may start after one that committed (:meth:`run`)."""
         self._round_started = clock.now()
-        """Where this reducer's time goes (``millstream status``)."""
         self.discovery = DiscoveryView(clock, self.tuning.heartbeat_seconds)
         self.on_committed: Callable[[float, int, int, int], None] | None = None
         """Told each commit's latency (seconds), bytes written, rows reduced and Arrow

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import millstream as ms
 import pyarrow as pa
@@ -35,93 +38,86 @@ class CountingMapper(MapperWorker):
         return super().handle_get_rows(*args)  # type: ignore[arg-type]
 
 
-def test_get_rows_waits_for_rows_and_answers_when_they_arrive(tmp_path: Path) -> None:
-    rows = pa.table({"key": pa.array(range(1_000), pa.int64())})
-    processor = ms.Processor(
+@contextmanager
+def serving(
+    tmp_path: Path,
+    keys: Sequence[int],
+    *,
+    worker_class: type[MapperWorker] = MapperWorker,
+    timeout_seconds: float = 5.0,
+    **processor: Any,
+) -> Iterator[tuple[MapperWorker, str, GrpcRowsClient]]:
+    """A mapper of ``keys`` for one reducer behind a GetRows server; yields the worker, its
+    address and a client whose calls fail after ``timeout_seconds``."""
+    table = pa.table({"key": pa.array(keys, pa.int64())})
+    spec = ms.Processor(
         mapper=Route,
         reducer=Count,
-        input=MemoryInput([rows]),
+        input=MemoryInput([table]),
         store=f"sqlite:///{tmp_path / 'state.db'}",
         num_reducers=1,
+        **processor,
     )
-    store = processor.open_store()
-    worker = CountingMapper(processor, 0, store, guid="m0")
+    store = spec.open_store()
+    worker = worker_class(spec, 0, store, guid="m0")
     worker.start_ingestion()
     server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
-    client = GrpcRowsClient(30.0, 1 << 24)  # a round waits for every answer
-    call = GetRowsCall(0, f"127.0.0.1:{server.port}", "m0", 0, -1, 10_000, 1 << 20, 20.0)
-    results: list[GetRowsResult | BaseException] = []
-    asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
+    client = GrpcRowsClient(timeout_seconds, 1 << 24)
     try:
-        asking.start()
-        deadline = time.monotonic() + 10
-        while CountingMapper.handled == 0:  # the call found the window empty
-            assert time.monotonic() < deadline, "the call never reached the mapper"
-            time.sleep(0.01)
-        assert asking.is_alive()  # held, not answered with nothing
-        assert worker.ingest_once()  # rows arrive
-        asking.join(15)
-        assert not asking.is_alive()
-        (result,) = results
-        assert isinstance(result, GetRowsResult)
-        assert result.row_count == 1_000
-        assert CountingMapper.handled == 2  # looked again once, when the rows came
+        yield worker, f"127.0.0.1:{server.port}", client
     finally:
-        asking.join(20)
         client.close()
         server.stop(0)
         worker.close()
         store.close()
+
+
+def test_get_rows_waits_for_rows_and_answers_when_they_arrive(tmp_path: Path) -> None:
+    # The client waits for every answer.
+    with serving(tmp_path, range(1_000), worker_class=CountingMapper, timeout_seconds=30.0) as (
+        worker,
+        address,
+        client,
+    ):
+        call = GetRowsCall(0, address, "m0", 0, -1, 10_000, 1 << 20, 20.0)
+        results: list[GetRowsResult | BaseException] = []
+        asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
+        try:
+            asking.start()
+            deadline = time.monotonic() + 10
+            while CountingMapper.handled == 0:  # the call found the window empty
+                assert time.monotonic() < deadline, "the call never reached the mapper"
+                time.sleep(0.01)
+            assert asking.is_alive()  # held, not answered with nothing
+            assert worker.ingest_once()  # rows arrive
+            asking.join(15)
+            assert not asking.is_alive()
+            (result,) = results
+            assert isinstance(result, GetRowsResult)
+            assert result.row_count == 1_000
+            assert CountingMapper.handled == 2  # looked again once, when the rows came
+        finally:
+            asking.join(20)
 
 
 def test_an_acknowledgement_never_waits(tmp_path: Path) -> None:
-    processor = ms.Processor(
-        mapper=Route,
-        reducer=Count,
-        input=MemoryInput([pa.table({"key": pa.array([], pa.int64())})]),
-        store=f"sqlite:///{tmp_path / 'state.db'}",
-        num_reducers=1,
-    )
-    store = processor.open_store()
-    worker = MapperWorker(processor, 0, store, guid="m0")
-    worker.start_ingestion()
-    server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
-    client = GrpcRowsClient(5.0, 1 << 24)
-    try:
+    with serving(tmp_path, []) as (_, address, client):
         # max_rows 0 only reports the committed index: answered at once despite the 20 s
         # wait it names (held, it would fail on the call's 5 s deadline).
-        ack = GetRowsCall(0, f"127.0.0.1:{server.port}", "m0", 0, -1, 0, 1 << 20, 20.0)
+        ack = GetRowsCall(0, address, "m0", 0, -1, 0, 1 << 20, 20.0)
         (result,) = client.get_rows_many([ack])
         assert isinstance(result, GetRowsResult)
         assert result.row_count == 0
-    finally:
-        client.close()
-        server.stop(0)
-        worker.close()
-        store.close()
 
 
 def test_a_mapper_whose_input_ended_answers_at_once(tmp_path: Path) -> None:
     """Nothing more will come for a reducer that fetched everything of a mapper whose
     bounded input ended: its GetRows is answered at once (input_ended), not held, so that
     the reducer's last round of a bounded job does not wait for the mapper to drain."""
-    processor = ms.Processor(
-        mapper=Route,
-        reducer=Count,
-        input=MemoryInput([pa.table({"key": pa.array(range(10), pa.int64())})]),
-        store=f"sqlite:///{tmp_path / 'state.db'}",
-        num_reducers=1,
-    )
-    store = processor.open_store()
-    worker = MapperWorker(processor, 0, store, guid="m0")
-    worker.start_ingestion()
-    assert worker.ingest_once()
-    assert not worker.ingest_once()  # the end of the input
-    assert worker.end_of_input
-    server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
-    client = GrpcRowsClient(5.0, 1 << 24)
-    address = f"127.0.0.1:{server.port}"
-    try:
+    with serving(tmp_path, range(10)) as (worker, address, client):
+        assert worker.ingest_once()
+        assert not worker.ingest_once()  # the end of the input
+        assert worker.end_of_input
         (rows,) = client.get_rows_many([GetRowsCall(0, address, "m0", 0, -1, 100, 1 << 20, 20.0)])
         assert isinstance(rows, GetRowsResult)
         assert rows.row_count == 10
@@ -132,11 +128,6 @@ def test_a_mapper_whose_input_ended_answers_at_once(tmp_path: Path) -> None:
         assert isinstance(end, GetRowsResult)
         assert end.row_count == 0
         assert end.input_ended
-    finally:
-        client.close()
-        server.stop(0)
-        worker.close()
-        store.close()
 
 
 def test_a_call_for_a_later_round_acknowledges_at_once_and_answers_with_later_rows(
@@ -145,31 +136,16 @@ def test_a_call_for_a_later_round_acknowledges_at_once_and_answers_with_later_ro
     """A reducer sends its next round's GetRows right after a commit: the mapper frees the
     committed rows on arrival, and answers at the round's start with the rows that came
     meanwhile (not only those it held when the call came)."""
-    rows = pa.table({"key": pa.array(range(1_000), pa.int64())})
-    processor = ms.Processor(
-        mapper=Route,
-        reducer=Count,
-        input=MemoryInput([rows]),
-        store=f"sqlite:///{tmp_path / 'state.db'}",
-        num_reducers=1,
-        tuning=ms.Tuning(batch_rows=250),
-    )
-    store = processor.open_store()
-    worker = MapperWorker(processor, 0, store, guid="m0")
-    worker.start_ingestion()
-    server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
-    client = GrpcRowsClient(30.0, 1 << 24)
-    try:
+    with serving(
+        tmp_path, range(1_000), timeout_seconds=30.0, tuning=ms.Tuning(batch_rows=250)
+    ) as (worker, address, client):
         assert worker.ingest_once()  # rows 0-249
         assert worker.ingest_once()  # rows 250-499
         window = worker.window
         assert window is not None
         # The reducer committed rows 0-249; its next round starts in 3 s. Rows 250-499 are
         # there already: answered at once, the call would hold only them.
-        call = GetRowsCall(
-            0, f"127.0.0.1:{server.port}", "m0", 0, 249, 10_000, 1 << 20, 20.0,
-            start_in_seconds=3.0,
-        )  # fmt: skip
+        call = GetRowsCall(0, address, "m0", 0, 249, 10_000, 1 << 20, 20.0, start_in_seconds=3.0)
         client.prefetch([call])
         deadline = time.monotonic() + 10
         while window.snapshot().buffered_rows != 250:
@@ -180,8 +156,3 @@ def test_a_call_for_a_later_round_acknowledges_at_once_and_answers_with_later_ro
         assert isinstance(result, GetRowsResult)
         assert result.row_count == 500
         assert result.last_shuffle_row_index == 749
-    finally:
-        client.close()
-        server.stop(0)
-        worker.close()
-        store.close()
