@@ -191,9 +191,8 @@ class InProcessTransport:
         for a round that starts later (``start_in_seconds``) only reports its committed
         index now; the round serves it."""
         for call in calls:
-            if call.start_in_seconds > 0:
-                with contextlib.suppress(Exception):  # as a mapper would on the call's arrival
-                    self.serve(dataclasses.replace(call, max_rows=0, wait_seconds=0))
+            if call.start_in_seconds > 0:  # what the mapper does on the call's arrival
+                self._acknowledge(dataclasses.replace(call, max_rows=0, wait_seconds=0))
                 continue
             try:
                 result: object = self.serve(call)
@@ -204,10 +203,11 @@ class InProcessTransport:
     def acknowledge_many(self, calls: Sequence[GetRowsCall]) -> None:
         """The acknowledgements one after another; their errors are ignored."""
         for call in calls:
-            try:
-                self.serve(call)
-            except Exception:  # an acknowledgement that fails is harmless
-                continue
+            self._acknowledge(call)
+
+    def _acknowledge(self, call: GetRowsCall) -> None:
+        with contextlib.suppress(Exception):  # an acknowledgement that fails is harmless
+            self.serve(call)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -59,9 +59,15 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
             options["shuffle_indices"] = True
         try:
             handler = self._handler(request.mapper_id)
-            if start > time.monotonic():
-                # The reducer's next round: take note of its commit now (frees memory, lets
-                # the mapper persist and trim), answer when the round starts.
+            later = start > time.monotonic()  # the reducer's next round, not this moment
+            gatherer = (  # a reducer folding a backlog: hold the call while it gathers
+                handler
+                if request.gather_rows > 0 and wait > 0 and isinstance(handler, RowsGatherer)
+                else None
+            )
+            if later or gatherer is not None:
+                # A call held before it is served acknowledges the committed index first
+                # (frees memory, lets the mapper read on, persist and trim).
                 handler.handle_get_rows(
                     request.reducer_index,
                     request.committed_row_index,
@@ -69,19 +75,10 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
                     max_bytes,
                     request.mapper_id,
                 )
-                while context.is_active() and (left := start - time.monotonic()) > 0:
-                    time.sleep(min(left, 0.1))
-            if request.gather_rows > 0 and wait > 0 and isinstance(handler, RowsGatherer):
-                # Acknowledge the committed index first (frees memory, lets the mapper read
-                # on), then hold the call while the reducer's backlog gathers.
-                handler.handle_get_rows(
-                    request.reducer_index,
-                    request.committed_row_index,
-                    0,
-                    max_bytes,
-                    request.mapper_id,
-                )
-                handler.gather(
+            while later and context.is_active() and (left := start - time.monotonic()) > 0:
+                time.sleep(min(left, 0.1))
+            if gatherer is not None:
+                gatherer.gather(
                     request.reducer_index,
                     min(request.gather_rows, max(1, request.count)),
                     deadline - time.monotonic(),
