@@ -376,6 +376,27 @@ def fold_range(
     return sorted(values.items())
 
 
+@dataclass(frozen=True)
+class EncodedRun:
+    """A run and its stored bytes, made from an ``add_many`` before the commit takes the
+    write lock: both depend on the batch alone, and every other writer waits while the
+    lock is held."""
+
+    run: Run
+    data: bytes
+
+    @classmethod
+    def of_batch(cls, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> EncodedRun:
+        """The run of one ``add_many`` (see :meth:`Run.of_batch`), encoded."""
+        run = Run.of_batch(keys, deltas)
+        return cls(run, run.encode())
+
+
+def becomes_run(keys: Sequence[bytes], min_keys: int) -> bool:
+    """Whether an ``add_many`` of ``keys`` is stored as a run (``run_min_keys``)."""
+    return min_keys > 0 and len(keys) >= min_keys
+
+
 def _insert(conn: sqlite3.Connection, run: Run, order: int, data: bytes | None = None) -> RunInfo:
     lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
     data = run.encode() if data is None else data
@@ -599,15 +620,11 @@ class RunWriter:
         self.added = False
         """Whether this commit wrote a run (then it, and only it, may merge after)."""
 
-    def takes(self, keys: Sequence[bytes]) -> bool:
-        """Whether an ``add_many`` of ``keys`` becomes a run."""
-        return self.min_keys > 0 and len(keys) >= self.min_keys
-
-    def add(self, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> None:
+    def add(self, encoded: EncodedRun) -> None:
         """Store an ``add_many`` as a new run (merges come after the commit, outside
         the write lock: :func:`merge_runs`)."""
         order = self.runs[-1].ord + 1 if self.runs else 0
-        self.runs.append(_insert(self.conn, Run.of_batch(keys, deltas), order))
+        self.runs.append(_insert(self.conn, encoded.run, order, encoded.data))
         self.added = True
         if len(self.runs) > MAX_RUNS:
             self.flush()

@@ -14,8 +14,10 @@ from millstream.exceptions import (
 from millstream.state.base import StoreTransaction
 from millstream.state.sqlite.runs import (
     SQL_LIST_RUNS,
+    EncodedRun,
     RunInfo,
     RunWriter,
+    becomes_run,
     fold_many,
     fold_range,
     fold_value,
@@ -357,10 +359,22 @@ class SqliteTransaction(StoreTransaction):
                     "read them; retry the transaction (Store.transact does so)"
                 )
 
-    def _apply(self, conn: sqlite3.Connection, runs: RunWriter) -> None:
+    def _encoded_runs(self) -> dict[int, EncodedRun]:
+        """The runs this commit's large ``add_many`` batches become (by the batch's
+        ``id``), sorted and encoded before the write lock is taken."""
+        min_keys = self._sqlite.run_min_keys
+        return {
+            id(op): EncodedRun.of_batch(op.keys, op.deltas)
+            for op in self._log
+            if isinstance(op, BatchAdd) and becomes_run(op.keys, min_keys)
+        }
+
+    def _apply(
+        self, conn: sqlite3.Connection, runs: RunWriter, encoded: dict[int, EncodedRun]
+    ) -> None:
         for op in self._log:
-            if isinstance(op, BatchAdd) and runs.takes(op.keys):
-                runs.add(op.keys, op.deltas)
+            if id(op) in encoded:
+                runs.add(encoded[id(op)])
                 continue
             if runs.runs and self._before_runs(op, runs):
                 runs.flush()
@@ -402,6 +416,7 @@ class SqliteTransaction(StoreTransaction):
             return
         if self._conn is not None:
             self._release(rollback=False)
+        encoded = self._encoded_runs()
         conn = self._sqlite.checkout()
         try:
             begin_transaction(conn, ("BEGIN IMMEDIATE",), self._sqlite.busy_timeout_ms)
@@ -409,7 +424,7 @@ class SqliteTransaction(StoreTransaction):
                 runs = list_runs(conn)
                 self._validate(conn, runs)
                 writer = RunWriter(conn, self._sqlite.run_cache, runs, self._sqlite.run_min_keys)
-                self._apply(conn, writer)
+                self._apply(conn, writer, encoded)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
