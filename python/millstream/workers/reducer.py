@@ -380,12 +380,13 @@ class ReducerWorker:
             self._note_error("commit", exc)
             return False
         if committed:
+            # The user hears of the commit first: telling the mappers of it takes calls.
+            self._notify_commit()
             self._rescale(self.last_write_size, self.store.limits.max_transaction_bytes)
             if self.tuning.acknowledge_commits and not self._send_next_round(
                 ReducerState(tuple(new)), live
             ):
                 self.acknowledge(calls, new, senders)
-            self._notify_commit()
         return committed
 
     def _send_next_round(self, state: ReducerState, live: dict[int, WorkerInfo]) -> bool:
@@ -537,9 +538,9 @@ class ReducerWorker:
         if committed and self.last_state is not None:
             queue.follow(self.last_state.committed_row_indices)
             self._told_ended = ended
+            self._notify_commit()
             if self.tuning.acknowledge_commits:
                 self.acknowledge(calls, list(self.last_state.committed_row_indices), list(live))
-            self._notify_commit()
         return committed
 
     def _warn_if_pending_fills_memory(self, pending: PendingRows) -> None:
