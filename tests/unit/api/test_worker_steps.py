@@ -479,6 +479,34 @@ def test_on_commit_follows_every_commit_and_only_commits(tmp_path: Path, fail: b
     assert ("on_commit failed" in reducer.last_error) == fail
 
 
+@pytest.mark.parametrize("next_round", [True, False], ids=["next-round calls", "0-row calls"])
+def test_on_commit_runs_before_the_mappers_hear_of_the_commit(
+    tmp_path: Path, next_round: bool
+) -> None:
+    """The user hears of a commit as soon as it lands: telling the mappers (the next
+    round's calls, or 0-row calls) comes after, so on_commit still sees their windows hold
+    the committed rows."""
+    c = Cluster(tmp_path, _tables(), num_reducers=1, gather_seconds=0.0)
+    for mapper in c.mappers.values():
+        mapper.ingest_once()
+    reducer = c.reducers[0]
+    held: list[list[int]] = []
+
+    def buffered() -> list[int]:
+        return [m.window.snapshot().buffered_rows for m in c.mappers.values() if m.window]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reducer.user, "on_commit", lambda: held.append(buffered()))
+        if not next_round:
+            patch.setattr(reducer, "_send_next_round", lambda state, live: False)
+        assert reducer.run_once()
+    assert held == [[BATCH_ROWS, BATCH_ROWS]]
+    assert buffered() == [0, 0]
+    c.run_to_end()
+    assert c.output() == _expected(c.tables)
+    c.store.close()
+
+
 class SlowCountRows(CountRows):
     """Counts rows, computing for six seconds (on the store's clock) after its first read."""
 

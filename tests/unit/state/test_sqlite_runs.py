@@ -187,6 +187,38 @@ def test_a_run_on_a_read_key_is_a_conflict(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_commit_encodes_its_runs_before_it_takes_the_write_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sorting and encoding a batch's run is not done under the write lock, which every
+    other writer waits for: another connection can write meanwhile, and the run holds the
+    batch."""
+    path = tmp_path / "s.db"
+    store = open_store(f"sqlite:///{path}?run_min_keys=1")
+    other = sqlite3.connect(path, timeout=0)
+    other.execute("CREATE TABLE IF NOT EXISTS probe(n INTEGER)")
+    wrote: list[bool] = []
+    encode = Run.encode
+
+    def encode_and_probe(run: Run) -> bytes:
+        other.execute("BEGIN IMMEDIATE")  # SQLITE_BUSY at once if the lock were held
+        other.execute("INSERT INTO probe VALUES (1)")
+        other.execute("COMMIT")
+        wrote.append(True)
+        return encode(run)
+
+    monkeypatch.setattr(Run, "encode", encode_and_probe)
+    keys = pa.array([3, 1, 2, 1], pa.int64())
+    store.transact(lambda txn: txn.add_many(("n",), keys, pa.array([1, 2, 3, 4], pa.int64())))
+    assert wrote == [True]
+    assert other.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    with store.read() as txn:
+        got = {key[1]: v for key, v in txn.get_range_startswith(("n",))}
+    assert got == {1: encode_int64(6), 2: encode_int64(3), 3: encode_int64(1)}
+    other.close()
+    store.close()
+
+
 def test_a_version_1_store_opens_with_an_empty_runs_table(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     store = open_store(f"sqlite:///{path}")
