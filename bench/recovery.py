@@ -23,11 +23,10 @@ read. Reported:
 * the stopped mapper's peak window (rows, bytes) after it resumes, against its steady
   level, and the other mapper's peak window;
 * what the reducers did meanwhile: each one's longest time without a commit, from the
-  commit counts in their status records (``on_commit`` runs after the acknowledgement
-  GetRows, which waits for the deadline when it goes to a frozen mapper, so its times
-  are not used for this), and the other mapper's input rows committed while the mapper
-  was frozen (a reducer asks every live mapper in each round and waits for all answers,
-  so a frozen mapper holds every reducer until the GetRows deadline, ``--rpc-timeout``);
+  commit counts in their status records, and the other mapper's input rows committed
+  while the mapper was frozen (a reducer asks every live mapper in each round and waits
+  for all answers, so a frozen mapper holds every reducer until the GetRows deadline,
+  ``--rpc-timeout``);
 * the latency of rows appended before (up to 2 s before the stop), during and after the
   stop, per mapper;
 * whether the producer kept its schedule (a process frozen while holding the store's
@@ -299,10 +298,8 @@ def analyze(
                 for x in range(pipeline.num_mappers)
             },
         }
-    # The commit times above are when on_commit ran, which is after the acknowledgement
-    # GetRows: to a frozen mapper that call waits for the deadline. The reducers' status
-    # records count commits as they happen (heartbeat thread), which dates them within a
-    # sampling period.
+    # The reducers' status records count commits as they happen (heartbeat thread), which
+    # dates them within a sampling period, whatever the reducers report through on_commit.
     times = np.array([row["t"] for row in sampler.rows])
     for r in range(pipeline.num_reducers):
         counts = np.array([float(row[f"r{r}"]["commits"]) for row in sampler.rows])

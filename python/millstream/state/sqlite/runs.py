@@ -397,9 +397,9 @@ def becomes_run(keys: Sequence[bytes], min_keys: int) -> bool:
     return min_keys > 0 and len(keys) >= min_keys
 
 
-def _insert(conn: sqlite3.Connection, run: Run, order: int, data: bytes | None = None) -> RunInfo:
+def _insert(conn: sqlite3.Connection, run: Run, order: int, data: bytes) -> RunInfo:
+    """Store ``run`` (encoded: ``data``) at ``order`` among the runs."""
     lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
-    data = run.encode() if data is None else data
     (run_id,) = conn.execute(SQL_INSERT_RUN, (order, lo, hi, run.width, len(run), data)).fetchone()
     return RunInfo(run_id, order, lo, hi, run.width, len(run))
 
@@ -611,12 +611,10 @@ class RunWriter:
         conn: sqlite3.Connection,
         cache: RunCache,
         runs: list[RunInfo],
-        min_keys: int,
     ) -> None:
         self.conn = conn
         self.cache = cache
         self.runs = runs
-        self.min_keys = min_keys
         self.added = False
         """Whether this commit wrote a run (then it, and only it, may merge after)."""
 

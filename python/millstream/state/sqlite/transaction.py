@@ -423,7 +423,7 @@ class SqliteTransaction(StoreTransaction):
             try:
                 runs = list_runs(conn)
                 self._validate(conn, runs)
-                writer = RunWriter(conn, self._sqlite.run_cache, runs, self._sqlite.run_min_keys)
+                writer = RunWriter(conn, self._sqlite.run_cache, runs)
                 self._apply(conn, writer, encoded)
                 conn.execute("COMMIT")
             except BaseException:
