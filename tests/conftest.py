@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import millstream  # noqa: F401  (before any grpc import: it turns gRPC's fork handlers off)
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
