@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 # gRPC's fork handlers restart its pollers in every child that a process with live channels
 # or servers forks, and such a child can crash before it execs (grpc/grpc#43055: here 3-9 of
 # 500 `subprocess.Popen(..., preexec_fn=...)` children, the way PySpark starts its JVM).
-# millstream never uses gRPC across a fork (workers start from a fork server that has none,
-# or as Spark's own workers), so the handlers are off unless the environment sets them.
+# millstream opens no channel or server before a fork (workers start from a fork server
+# that opens none, or as Spark's own workers), so it needs no handlers: they are off unless
+# the environment sets them.
 # gRPC reads the variable when it is imported: millstream's own import of it comes after.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
