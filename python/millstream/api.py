@@ -395,7 +395,8 @@ class Reducer(ABC):
         """
 
     def on_commit(self) -> None:  # noqa: B027 (optional hook; the default does nothing)
-        """Called after the transaction of the last :meth:`reduce` committed.
+        """Called after the transaction of the last :meth:`reduce` committed: as soon as it
+        did, before the reducer tells the mappers of the commit.
 
         For effects that must follow the commit: metrics, latency measurement, notifying
         a consumer that new results are readable. Not called when the commit failed or was

@@ -132,10 +132,10 @@ class Tuning:
         acknowledge_commits: After each commit, tell the mappers the new committed
             indices at once instead of with the next round, so they free memory and trim
             their input a commit interval sooner: the next round's GetRows go out right
-            after the commit and carry them (each mapper answers when the round starts, with
-            the rows that came meanwhile). A reducer that is behind (its next round starts
-            at once), one with ``pipeline_fetch`` and a queue reducer send GetRows for 0
-            rows instead.
+            after the commit (and the reducer's ``on_commit``) and carry them (each mapper
+            answers when the round starts, with the rows that came meanwhile). A reducer
+            that is behind (its next round starts at once), one with ``pipeline_fetch`` and
+            a queue reducer send GetRows for 0 rows instead.
         pipeline_fetch: Fetch the next rows while ``reduce`` and the commit of the last
             ones run: the GetRows calls for after the rows being reduced start before the
             transaction, and their answers serve the next round if the commit landed
