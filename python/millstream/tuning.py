@@ -85,9 +85,14 @@ class Tuning:
             reducer and mapper this often instead of polling (at most half of
             ``rpc_timeout_seconds``).
         get_rows_wait_seconds: How long a reducer's round waits for its mappers' answers
-            before it commits the rows it has. A mapper that answers later (frozen,
-            overloaded) holds nobody: its call stays under way and its answer is used in a
-            later round (thesis 4.4: a slow partition does not hold the others).
+            before it commits the rows it has (a round that has none by then takes the
+            first answer when it comes). A mapper that answers later (frozen, overloaded)
+            holds nobody: its call stays under way and its answer is used in a later round
+            (thesis 4.4: a slow partition does not hold the others). A few milliseconds,
+            with a short ``commit_interval_seconds``, commit each mapper's rows as they
+            come instead of waiting for every mapper's: lower latency on a light stream
+            (6,250 rows/s on two mappers whose input arrives in turns: p50 6-7 ms against
+            14-15), more commits (worse at half of peak load on two cores).
         gather_seconds: While its mappers are behind their input (their last reads filled
             whole batches: a backlog, a replay, a bounded input read at full speed), how
             long a reducer lets each mapper hold its GetRows until a full commit's worth of

@@ -1,11 +1,12 @@
 """The reducer's side of GetRows: one call under way per mapper (thesis 4.4.2 step 3).
 
-A round asks every live mapper for rows and waits for the answers at most a short while
-(``wait_seconds``). A mapper that has not answered by then (frozen, overloaded, or across a
-slow link) holds nobody: its call stays under way, is not sent again, and its answer is used
-in a later round, as long as it still continues from where the reducer's committed index
-stands. The other mappers' rows are committed meanwhile (thesis 4.4: a slow partition does
-not hold the others).
+A round asks every live mapper for rows and waits for their answers at most a short while
+(``wait_seconds``), and for the first answer when none has come by then (a mapper without
+rows holds the call until rows arrive). A mapper that has not answered by then (frozen,
+overloaded, or across a slow link) holds nobody: its call stays under way, is not sent
+again, and its answer is used in a later round, as long as it still continues from where
+the reducer's committed index stands. The other mappers' rows are committed meanwhile
+(thesis 4.4: a slow partition does not hold the others).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class GrpcRowsClient:
             mapper's address.
         wait_seconds: How long a round waits for the answers before it goes on with the
             ones it has (default: ``timeout_seconds``, every answer).
+        first_answer_seconds: How long a round that has no answer after ``wait_seconds``
+            waits for the first one (mappers hold a call until they have rows): a short
+            ``wait_seconds`` makes a round go on with the first mapper's rows, not come
+            back empty while the rows are on their way.
     """
 
     def __init__(
@@ -47,11 +52,13 @@ class GrpcRowsClient:
         max_message_bytes: int,
         *,
         wait_seconds: float | None = None,
+        first_answer_seconds: float = 0.1,
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str | None = None,
     ) -> None:
         self._timeout = timeout_seconds
         self._wait = timeout_seconds if wait_seconds is None else wait_seconds
+        self._first_answer = max(self._wait, first_answer_seconds)
         self._options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -157,7 +164,7 @@ class GrpcRowsClient:
             except grpc.FutureCancelledError:
                 pass
         if entries and not any(future.done() for _, future in entries):
-            self._wait_for_any([future for _, future in entries], wait)
+            self._wait_for_any([future for _, future in entries], max(wait, self._first_answer))
         results: list[GetRowsResult | BaseException] = []
         for call, (_, future) in zip(calls, entries, strict=True):
             if not future.done():

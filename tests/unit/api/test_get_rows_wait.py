@@ -45,6 +45,7 @@ def serving(
     *,
     worker_class: type[MapperWorker] = MapperWorker,
     timeout_seconds: float = 5.0,
+    client_options: dict[str, float] | None = None,
     **processor: Any,
 ) -> Iterator[tuple[MapperWorker, str, GrpcRowsClient]]:
     """A mapper of ``keys`` for one reducer behind a GetRows server; yields the worker, its
@@ -62,7 +63,7 @@ def serving(
     worker = worker_class(spec, 0, store, guid="m0")
     worker.start_ingestion()
     server = RowsServer(worker, "127.0.0.1:0", 1 << 24, 1 << 20)
-    client = GrpcRowsClient(timeout_seconds, 1 << 24)
+    client = GrpcRowsClient(timeout_seconds, 1 << 24, **(client_options or {}))
     try:
         yield worker, f"127.0.0.1:{server.port}", client
     finally:
@@ -96,6 +97,40 @@ def test_get_rows_waits_for_rows_and_answers_when_they_arrive(tmp_path: Path) ->
             assert isinstance(result, GetRowsResult)
             assert result.row_count == 1_000
             assert CountingMapper.handled == 2  # looked again once, when the rows came
+        finally:
+            asking.join(20)
+
+
+def test_a_round_that_waits_for_no_mapper_still_waits_for_the_first_answer(
+    tmp_path: Path,
+) -> None:
+    """``wait_seconds=0``: a round goes on with the answers it has, but one with none yet
+    (every mapper holds its call until rows arrive) takes the first answer when it comes
+    instead of coming back empty, so the rows are reduced as soon as they arrive."""
+    with serving(
+        tmp_path,
+        range(1_000),
+        worker_class=CountingMapper,
+        timeout_seconds=30.0,
+        client_options={"wait_seconds": 0.0, "first_answer_seconds": 20.0},
+    ) as (worker, address, client):
+        CountingMapper.handled = 0
+        call = GetRowsCall(0, address, "m0", 0, -1, 10_000, 1 << 20, 20.0)
+        results: list[GetRowsResult | BaseException] = []
+        asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
+        try:
+            asking.start()
+            deadline = time.monotonic() + 10
+            while CountingMapper.handled == 0:  # the call found the window empty
+                assert time.monotonic() < deadline, "the call never reached the mapper"
+                time.sleep(0.01)
+            assert asking.is_alive()  # the round waits for the first answer
+            assert worker.ingest_once()  # rows arrive
+            asking.join(15)
+            assert not asking.is_alive()
+            (result,) = results
+            assert isinstance(result, GetRowsResult)
+            assert result.row_count == 1_000
         finally:
             asking.join(20)
 
