@@ -255,6 +255,59 @@ def test_run_encoding_round_trips_and_folds_repeats() -> None:
     ]
 
 
+def _as_version_2(data: bytes) -> bytes:
+    """A run's bytes as store schema version 2 wrote them: the same batch in an IPC stream
+    whose buffers Arrow compressed with zstd."""
+    assert data.startswith(runs._ZSTD_RUN)
+    stream = runs._ZSTD.decompress(data[12:], int.from_bytes(data[4:12], "little"))
+    batch = pa.ipc.open_stream(stream).read_next_batch()
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    earlier = sink.getvalue().to_pybytes()
+    assert earlier.startswith(b"\xff\xff\xff\xff")
+    return earlier
+
+
+def test_runs_of_schema_version_2_decode_as_todays() -> None:
+    rng = np.random.default_rng(3)
+    keys = pa.array([b"sum\x15" + int(k).to_bytes(4, "big") for k in range(0, 5_000, 7)])
+    run = Run.fold(keys, rng.integers(-(2**40), 2**40, size=(len(keys), 2)))
+    data = run.encode()
+    for stored in (_as_version_2(data), data):
+        back = Run.decode(stored)
+        assert back.keys.to_pylist() == run.keys.to_pylist()
+        assert np.array_equal(back.deltas, run.deltas)
+
+
+def test_a_version_2_store_opens_and_reads_its_runs(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    store = open_store(f"sqlite:///{path}?run_min_keys=1")
+    for n in range(3):
+        store.transact(
+            lambda txn, n=n: txn.add_many(("n",), pa.array([0, n + 1]), pa.array([1, 2]))
+        )
+    store.close()
+    conn = sqlite3.connect(path)
+    stored = conn.execute("SELECT id, data FROM runs").fetchall()
+    assert len(stored) == 3
+    for run_id, data in stored:
+        conn.execute("UPDATE runs SET data = ? WHERE id = ?", (_as_version_2(data), run_id))
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+    store = open_store(f"sqlite:///{path}?run_min_keys=1")
+    store.transact(lambda txn: txn.add_many(("n",), pa.array([0]), pa.array([4])))
+    with store.read() as txn:
+        assert txn.get(("n", 0)) == encode_int64(7)
+        assert [txn.get(("n", k)) for k in (1, 2, 3)] == [encode_int64(2)] * 3
+    store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    conn.close()
+
+
 def test_default_threshold_batches_read_back_like_the_table(tmp_path: Path) -> None:
     """Batches over the default ``run_min_keys`` (runs) and a store that never makes runs
     hold the same values, read one at a time, in batches large and small, and by range."""

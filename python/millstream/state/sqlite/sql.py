@@ -33,8 +33,9 @@ deletes it) take longer, and SQLite answers a connection that starts a transacti
 that clean-up with SQLITE_BUSY without waiting; :func:`begin_transaction` retries those.
 """
 
-SCHEMA_VERSION = 2
-"""1: the key-value table; 2: and the delta runs (:mod:`millstream.state.sqlite.runs`)."""
+SCHEMA_VERSION = 3
+"""1: the key-value table; 2: and the delta runs (:mod:`millstream.state.sqlite.runs`);
+3: runs stored as one compressed stream (runs of version 2 read as they are)."""
 
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 """How long a commit waits for another process's commit before the store counts as locked."""

@@ -173,8 +173,10 @@ class SqliteStore(Store):
                 conn.execute("COMMIT")
             else:
                 version = query("PRAGMA user_version")[0][0]
-                if version == 1 and "kv" in tables:
+                if version in (1, 2) and "kv" in tables:
                     # Version 1 had no delta runs: the same store with an empty runs table.
+                    # Version 2's runs decode as they are; from now on, a version that
+                    # cannot read today's runs refuses the store.
                     begin_transaction(conn, ("BEGIN IMMEDIATE",), self._busy_timeout_ms)
                     conn.execute(SQL_CREATE_RUNS)
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
