@@ -73,6 +73,33 @@ def serving(
         store.close()
 
 
+def _answer_once_rows_arrive(
+    worker: MapperWorker, address: str, client: GrpcRowsClient
+) -> GetRowsResult:
+    """Ask for rows from another thread; once the call found the window empty and the
+    asking thread still waits (held, not answered with nothing), let rows arrive and return
+    the answer."""
+    CountingMapper.handled = 0
+    call = GetRowsCall(0, address, "m0", 0, -1, 10_000, 1 << 20, 20.0)
+    results: list[GetRowsResult | BaseException] = []
+    asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
+    try:
+        asking.start()
+        deadline = time.monotonic() + 10
+        while CountingMapper.handled == 0:  # the call found the window empty
+            assert time.monotonic() < deadline, "the call never reached the mapper"
+            time.sleep(0.01)
+        assert asking.is_alive()
+        assert worker.ingest_once()  # rows arrive
+        asking.join(15)
+        assert not asking.is_alive()
+        (result,) = results
+        assert isinstance(result, GetRowsResult)
+        return result
+    finally:
+        asking.join(20)
+
+
 def test_get_rows_waits_for_rows_and_answers_when_they_arrive(tmp_path: Path) -> None:
     # The client waits for every answer.
     with serving(tmp_path, range(1_000), worker_class=CountingMapper, timeout_seconds=30.0) as (
@@ -80,25 +107,8 @@ def test_get_rows_waits_for_rows_and_answers_when_they_arrive(tmp_path: Path) ->
         address,
         client,
     ):
-        call = GetRowsCall(0, address, "m0", 0, -1, 10_000, 1 << 20, 20.0)
-        results: list[GetRowsResult | BaseException] = []
-        asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
-        try:
-            asking.start()
-            deadline = time.monotonic() + 10
-            while CountingMapper.handled == 0:  # the call found the window empty
-                assert time.monotonic() < deadline, "the call never reached the mapper"
-                time.sleep(0.01)
-            assert asking.is_alive()  # held, not answered with nothing
-            assert worker.ingest_once()  # rows arrive
-            asking.join(15)
-            assert not asking.is_alive()
-            (result,) = results
-            assert isinstance(result, GetRowsResult)
-            assert result.row_count == 1_000
-            assert CountingMapper.handled == 2  # looked again once, when the rows came
-        finally:
-            asking.join(20)
+        assert _answer_once_rows_arrive(worker, address, client).row_count == 1_000
+        assert CountingMapper.handled == 2  # looked again once, when the rows came
 
 
 def test_a_round_that_waits_for_no_mapper_still_waits_for_the_first_answer(
@@ -114,25 +124,7 @@ def test_a_round_that_waits_for_no_mapper_still_waits_for_the_first_answer(
         timeout_seconds=30.0,
         client_options={"wait_seconds": 0.0, "first_answer_seconds": 20.0},
     ) as (worker, address, client):
-        CountingMapper.handled = 0
-        call = GetRowsCall(0, address, "m0", 0, -1, 10_000, 1 << 20, 20.0)
-        results: list[GetRowsResult | BaseException] = []
-        asking = threading.Thread(target=lambda: results.extend(client.get_rows_many([call])))
-        try:
-            asking.start()
-            deadline = time.monotonic() + 10
-            while CountingMapper.handled == 0:  # the call found the window empty
-                assert time.monotonic() < deadline, "the call never reached the mapper"
-                time.sleep(0.01)
-            assert asking.is_alive()  # the round waits for the first answer
-            assert worker.ingest_once()  # rows arrive
-            asking.join(15)
-            assert not asking.is_alive()
-            (result,) = results
-            assert isinstance(result, GetRowsResult)
-            assert result.row_count == 1_000
-        finally:
-            asking.join(20)
+        assert _answer_once_rows_arrive(worker, address, client).row_count == 1_000
 
 
 def test_an_acknowledgement_never_waits(tmp_path: Path) -> None:
