@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 import uuid
@@ -109,8 +108,6 @@ class MapperWorker:
         """Whether the last read filled a whole batch: more input is ready at once, so the
         reducers may gather rows into fewer, larger commits (:meth:`gather`)."""
         self._token = b""
-        self._checked_at = -math.inf
-        """When :meth:`_check_persisted` last found this instance current (clock seconds)."""
         self.rows_read = 0
         self.rows_shuffled = 0
         self.batches = 0
@@ -227,22 +224,6 @@ class MapperWorker:
         """Step 3 of 4.3.3: the persisted state must be the one this instance last saw."""
         with self.store.read() as txn:
             self._verify_persisted(txn)
-        self._checked_at = self.clock.now()
-
-    def _check_read(self, rows: int) -> None:
-        """Step 3 of 4.3.3 for a read of ``rows`` input rows, in its own transaction only
-        where no later one makes it. Exactly once, a batch with rows is checked by
-        :meth:`plan_batch`, in the transaction that records its cut, before anything of it
-        is mapped. At least once, where nothing is recorded, a batch is checked if the
-        last check is ``heartbeat_seconds`` old: what the check guards there is the time a
-        superseded instance takes to stop, not the rows (a reducer commits rows only
-        from the instance that holds the numbering, and a persist or trim checks in its
-        own transaction). A read of no rows is always checked."""
-        if not rows or (
-            self.processor.at_least_once
-            and self.clock.now() - self._checked_at >= self.tuning.heartbeat_seconds
-        ):
-            self._check_persisted()
 
     def _verify_persisted(self, txn: StoreTransaction) -> None:
         """Raise :class:`SplitBrainError` if ``txn`` sees another persisted state (at least
@@ -279,9 +260,9 @@ class MapperWorker:
         except InputError:
             self._check_persisted()  # another instance may have trimmed what this one reads
             raise
+        self._check_persisted()
         batch = result.batch
         rows = 0 if batch is None else batch.num_rows
-        self._check_read(rows)
         # Told to gathering reducers only once this batch's rows are in the window (below),
         # or a reducer that stops gathering would leave them for another commit.
         behind = rows >= self.tuning.batch_rows and not result.end_of_input
