@@ -58,7 +58,7 @@ class GrpcRowsClient:
     ) -> None:
         self._timeout = timeout_seconds
         self._wait = timeout_seconds if wait_seconds is None else wait_seconds
-        self._first_answer = max(self._wait, first_answer_seconds)
+        self._first_answer = first_answer_seconds
         self._options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),

@@ -259,8 +259,7 @@ def _as_version_2(data: bytes) -> bytes:
     """A run's bytes as store schema version 2 wrote them: the same batch in an IPC stream
     whose buffers Arrow compressed with zstd."""
     assert data.startswith(runs._ZSTD_RUN)
-    stream = runs._ZSTD.decompress(data[12:], int.from_bytes(data[4:12], "little"))
-    batch = pa.ipc.open_stream(stream).read_next_batch()
+    batch = pa.ipc.open_stream(Run.stream(data)).read_next_batch()
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression="zstd")
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:

@@ -204,15 +204,19 @@ class Run:
             (_ZSTD_RUN, stream.size.to_bytes(8, "little"), _ZSTD.compress(stream, asbytes=True))
         )
 
+    @staticmethod
+    def stream(data: bytes) -> pa.Buffer:
+        """The Arrow IPC stream of a run's stored bytes (schema version 2 or 3)."""
+        if not data.startswith(_ZSTD_RUN):
+            return pa.py_buffer(data)
+        at = len(_ZSTD_RUN)
+        size = int.from_bytes(data[at : at + 8], "little")
+        return _ZSTD.decompress(memoryview(data)[at + 8 :], decompressed_size=size)
+
     @classmethod
     def decode(cls, data: bytes) -> Run:
         """A run from :meth:`encode`'s bytes."""
-        if data.startswith(_ZSTD_RUN):
-            size = int.from_bytes(data[4:12], "little")
-            stream = _ZSTD.decompress(memoryview(data)[12:], decompressed_size=size)
-        else:
-            stream = pa.py_buffer(data)
-        table = pa.ipc.open_stream(stream).read_all()
+        table = pa.ipc.open_stream(cls.stream(data)).read_all()
         prefix = bytes.fromhex((table.schema.metadata or {}).get(b"prefix", b"").decode())
         suffixes = table.column("key").combine_chunks()
         keys = _join(prefix, suffixes)
