@@ -26,6 +26,7 @@ import pytest
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import WorkerInfo
 from millstream.spark import run
+from millstream.spark.slots import available_slots
 from standalone import MASTER_HOST, StandaloneCluster, require_spark, spark_submit
 from test_spark_run import (
     Background,
@@ -178,6 +179,14 @@ def test_waits_for_a_worker_and_survives_a_lost_executor(
 ) -> None:
     lost = HOSTS[1]
     cluster.kill_worker(lost)  # the cluster is "still coming up": half the slots
+    # The driver hears of the lost executor a while after the kill; until then it still
+    # counts its slots, and the launch would not wait.
+    sc = cluster_spark.sparkContext
+    wait_for(
+        lambda: available_slots(sc).count <= cluster.cores,
+        60,
+        "the driver to drop the killed worker's executor",
+    )
     processor, queue = make_processor(tmp_path)
     first, second = make_rows(10_000, seed=13), make_rows(10_000, seed=14)
     for p in range(2):
