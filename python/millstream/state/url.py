@@ -13,12 +13,18 @@ from millstream.state.limits import StoreLimits
 
 ACCEPTED_FORMS = (
     "sqlite:///absolute/path/to/file.db[?busy_timeout_ms=10000&synchronous=full|normal"
-    "&checkpoint_pages=16384&run_min_keys=256]",
+    "&checkpoint_pages=16384&run_min_keys=256&secure_delete=fast|on|off]",
     "fdb:// (the default cluster file)",
     "fdb:///path/to/fdb.cluster[?timeout_ms=10000]",
 )
 
-_SQLITE_OPTIONS = {"busy_timeout_ms", "synchronous", "checkpoint_pages", "run_min_keys"}
+_SQLITE_OPTIONS = {
+    "busy_timeout_ms",
+    "synchronous",
+    "checkpoint_pages",
+    "run_min_keys",
+    "secure_delete",
+}
 _FDB_OPTIONS = {"timeout_ms"}
 
 
@@ -115,6 +121,9 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
         sync = parsed.options.get("synchronous", "full").upper()
         if sync not in ("FULL", "NORMAL"):
             raise _bad(url, f"synchronous must be full or normal, got {sync.lower()!r}")
+        secure_delete = parsed.options.get("secure_delete", "fast").upper()
+        if secure_delete not in ("FAST", "ON", "OFF"):
+            raise _bad(url, f"secure_delete must be fast, on or off, got {secure_delete.lower()!r}")
         return SqliteStore(
             url,
             parsed.path,
@@ -128,6 +137,7 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
                 url, parsed.options, "checkpoint_pages", DEFAULT_CHECKPOINT_PAGES
             ),
             run_min_keys=_int_option(url, parsed.options, "run_min_keys", DEFAULT_RUN_MIN_KEYS),
+            secure_delete=secure_delete,
         )
     from millstream.state.fdb_backend import DEFAULT_TIMEOUT_MS, FdbStore
 

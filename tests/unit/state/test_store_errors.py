@@ -28,6 +28,7 @@ from millstream.state.sqlite.sql import begin_transaction as _begin
         ("sqlite:///tmp/x.db?busy_timeout_ms=soon", "integer"),
         ("sqlite:///tmp/x.db?synchronous=off", "synchronous"),
         ("sqlite:///tmp/x.db?checkpoint_pages=-1", "checkpoint_pages must be >= 0"),
+        ("sqlite:///tmp/x.db?secure_delete=zero", "secure_delete must be fast, on or off"),
         ("fdb://host:4500", "cluster file"),
     ],
 )
@@ -55,6 +56,25 @@ def test_checkpoint_pages_bound_the_log(tmp_path: Path) -> None:
     # the next commit starts it over.
     assert os.stat(f"{path}-wal").st_size < 40 * 4096
     store.close()
+
+
+def _log_bytes_of_a_delete(path: Path, options: str) -> int:
+    """Bytes of write-ahead log one transaction deleting ~1 MB of values writes."""
+    store = open_store(f"sqlite:///{path}?checkpoint_pages=0{options}")  # the log only grows
+    keys = [("big", i) for i in range(12)]
+    store.transact(lambda t: [t.set(key, os.urandom(90_000)) for key in keys])
+    before = os.stat(f"{path}-wal").st_size
+    store.transact(lambda t: [t.clear(key) for key in keys])
+    grew = os.stat(f"{path}-wal").st_size - before
+    store.close()
+    return grew
+
+
+def test_deleted_values_are_not_written_again_as_zeros(tmp_path: Path) -> None:
+    # SQLite built with SQLITE_SECURE_DELETE (Debian's) zeroes every freed page by default:
+    # each trimmed queue row or merged run would be written twice.
+    assert _log_bytes_of_a_delete(tmp_path / "default.db", "") < 64 * 1024
+    assert _log_bytes_of_a_delete(tmp_path / "on.db", "&secure_delete=on") > 1_000_000
 
 
 def test_missing_directory_is_unavailable(tmp_path: Path) -> None:

@@ -61,6 +61,7 @@ class SqliteStore(Store):
         synchronous: str = "FULL",
         checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
         run_min_keys: int = DEFAULT_RUN_MIN_KEYS,
+        secure_delete: str = "FAST",
         clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(url, prefix, limits)
@@ -70,6 +71,11 @@ class SqliteStore(Store):
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
         self._checkpoint_pages = checkpoint_pages
+        self._secure_delete = secure_delete
+        """SQLite's ``secure_delete``: FAST zeroes deleted content only on pages a commit
+        writes anyway. Builds with ``SQLITE_SECURE_DELETE`` (Debian's, Ubuntu's) default to
+        ON, which rewrites every freed page as zeros: each trimmed queue row and merged run
+        written a second time, to the log and then to the file."""
         self.run_min_keys = run_min_keys
         """Keys an ``add_many`` needs to be stored as a delta run (0: never)."""
         self.run_cache = RunCache()
@@ -122,6 +128,7 @@ class SqliteStore(Store):
                 f"PRAGMA synchronous = {self._synchronous}",
                 "PRAGMA cache_size = -32768",
                 f"PRAGMA wal_autocheckpoint = {int(self._checkpoint_pages)}",
+                f"PRAGMA secure_delete = {self._secure_delete}",
             )
             begin_transaction(conn, settings, self._busy_timeout_ms)
             conn.create_function("ms_add", 2, sql_add, deterministic=True)
