@@ -81,6 +81,11 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--tick", type=float, default=0.01, help="seconds between producer appends")
     parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="every tick appends to every partition (default: one partition per tick, in turn)",
+    )
+    parser.add_argument(
         "--commit-interval",
         type=float,
         default=0.05,
@@ -218,6 +223,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "reducers": args.reducers,
         "keys": args.keys,
         "tick_s": args.tick,
+        "spread": args.spread,
         "synchronous": args.synchronous,
         "run_min_keys": args.run_min_keys,
         "what_if_flock": args.what_if_flock,
@@ -361,7 +367,10 @@ def run_fixed(args: argparse.Namespace, rate: float, label: str) -> dict[str, An
     pipeline = make_pipeline(args, label)
     try:
         plan = ProducerPlan(
-            steps=(Step(args.seconds, rate),), tick_seconds=args.tick, keys=args.keys
+            steps=(Step(args.seconds, rate),),
+            tick_seconds=args.tick,
+            keys=args.keys,
+            spread=args.spread,
         )
         pipeline.start(timeout=args.seconds + 600)
         producer = pipeline.producer(plan)
@@ -662,8 +671,10 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of result file names")
     add_pipeline_arguments(parser)
     args = parser.parse_args()
-    tag = (f"-{args.tag}" if args.tag else "") + (
-        "-alo" if args.delivery == "at_least_once" else ""
+    tag = (
+        (f"-{args.tag}" if args.tag else "")
+        + ("-alo" if args.delivery == "at_least_once" else "")
+        + ("-spread" if args.spread else "")
     )
     results: list[dict[str, Any]] = []
     if args.mode == "drain":

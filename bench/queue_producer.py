@@ -100,6 +100,9 @@ class ProducerPlan:
             backlog), in batches of ``prefill_batch_rows``.
         seal: Seal every partition at the end, so the processor drains and exits.
         flock_writers: The :func:`serialize_sqlite_writers` what-if experiment.
+        spread: Every tick appends to every partition (``rate * tick_seconds /
+            partitions`` rows each, one append per partition), as a producer routing rows
+            to partitions by key does; default: one partition per tick, in turn.
     """
 
     steps: tuple[Step, ...]
@@ -110,6 +113,7 @@ class ProducerPlan:
     prefill_batch_rows: int = 50_000
     seal: bool = True
     flock_writers: bool = False
+    spread: bool = False
 
 
 def _payload_pool(rng: np.random.Generator, rows: int) -> pa.StringArray:
@@ -208,7 +212,15 @@ def producer_main(
             if due > now:
                 time.sleep(due - now)
             behind.append(max(0.0, time.monotonic() - due))
-            _, seconds = app.append(tick % partitions, batch_rows)
+            if plan.spread:
+                share = -(-batch_rows // partitions)
+                seconds = sum(
+                    app.append(p, min(share, batch_rows - p * share))[1]
+                    for p in range(partitions)
+                    if batch_rows > p * share
+                )
+            else:
+                _, seconds = app.append(tick % partitions, batch_rows)
             took.append(seconds)
             tick += 1
             due += interval
