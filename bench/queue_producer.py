@@ -213,12 +213,9 @@ def producer_main(
                 time.sleep(due - now)
             behind.append(max(0.0, time.monotonic() - due))
             if plan.spread:
-                share = -(-batch_rows // partitions)
-                seconds = sum(
-                    app.append(p, min(share, batch_rows - p * share))[1]
-                    for p in range(partitions)
-                    if batch_rows > p * share
-                )
+                share, extra = divmod(batch_rows, partitions)
+                sizes = [share + (p < extra) for p in range(partitions)]
+                seconds = sum(app.append(p, n)[1] for p, n in enumerate(sizes) if n)
             else:
                 _, seconds = app.append(tick % partitions, batch_rows)
             took.append(seconds)

@@ -113,6 +113,7 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
         from millstream.state.sqlite import (
             DEFAULT_BUSY_TIMEOUT_MS,
             DEFAULT_CHECKPOINT_PAGES,
+            SECURE_DELETE,
             SqliteStore,
         )
         from millstream.state.sqlite.runs import DEFAULT_RUN_MIN_KEYS
@@ -121,8 +122,8 @@ def open_store(url: str, prefix: Key = (), limits: StoreLimits | None = None) ->
         sync = parsed.options.get("synchronous", "full").upper()
         if sync not in ("FULL", "NORMAL"):
             raise _bad(url, f"synchronous must be full or normal, got {sync.lower()!r}")
-        secure_delete = parsed.options.get("secure_delete", "fast").upper()
-        if secure_delete not in ("FAST", "ON", "OFF"):
+        secure_delete = parsed.options.get("secure_delete", SECURE_DELETE[0]).upper()
+        if secure_delete not in SECURE_DELETE:
             raise _bad(url, f"secure_delete must be fast, on or off, got {secure_delete.lower()!r}")
         return SqliteStore(
             url,

@@ -20,6 +20,7 @@ from millstream.state.sqlite.sql import (
     DEFAULT_BUSY_TIMEOUT_MS,
     DEFAULT_CHECKPOINT_PAGES,
     SCHEMA_VERSION,
+    SECURE_DELETE,
     map_sqlite_error,
 )
 from millstream.state.sqlite.store import SqliteStore
@@ -30,6 +31,7 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
     "DEFAULT_CHECKPOINT_PAGES",
     "SCHEMA_VERSION",
+    "SECURE_DELETE",
     "SqliteStore",
     "SqliteTransaction",
     "map_sqlite_error",

@@ -37,6 +37,13 @@ SCHEMA_VERSION = 3
 """1: the key-value table; 2: and the delta runs (:mod:`millstream.state.sqlite.runs`);
 3: runs stored as one compressed stream (runs of version 2 read as they are)."""
 
+SECURE_DELETE = ("FAST", "ON", "OFF")
+"""Values of SQLite's ``secure_delete`` (the first is the store's default): FAST zeroes
+deleted content only on pages a commit writes anyway. Builds with
+``SQLITE_SECURE_DELETE`` (Debian's, Ubuntu's) default to ON, which writes every freed page
+again as zeros: each trimmed queue row and merged run a second time, to the log and then
+to the file."""
+
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 """How long a commit waits for another process's commit before the store counts as locked."""
 

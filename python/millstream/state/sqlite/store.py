@@ -30,6 +30,7 @@ from millstream.state.sqlite.sql import (
     DEFAULT_BUSY_TIMEOUT_MS,
     DEFAULT_CHECKPOINT_PAGES,
     SCHEMA_VERSION,
+    SECURE_DELETE,
     begin_transaction,
     map_sqlite_error,
     sql_add,
@@ -61,7 +62,7 @@ class SqliteStore(Store):
         synchronous: str = "FULL",
         checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
         run_min_keys: int = DEFAULT_RUN_MIN_KEYS,
-        secure_delete: str = "FAST",
+        secure_delete: str = SECURE_DELETE[0],
         clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(url, prefix, limits)
@@ -72,10 +73,7 @@ class SqliteStore(Store):
         self._synchronous = synchronous
         self._checkpoint_pages = checkpoint_pages
         self._secure_delete = secure_delete
-        """SQLite's ``secure_delete``: FAST zeroes deleted content only on pages a commit
-        writes anyway. Builds with ``SQLITE_SECURE_DELETE`` (Debian's, Ubuntu's) default to
-        ON, which rewrites every freed page as zeros: each trimmed queue row and merged run
-        written a second time, to the log and then to the file."""
+        """SQLite's ``secure_delete`` (see :data:`~millstream.state.sqlite.sql.SECURE_DELETE`)."""
         self.run_min_keys = run_min_keys
         """Keys an ``add_many`` needs to be stored as a delta run (0: never)."""
         self.run_cache = RunCache()
