@@ -23,8 +23,13 @@ import pyarrow as pa
 import pytest
 from millstream import _core
 from millstream.inputs.base import ReadResult
-from millstream.ledger import read_mapper_state, register_worker
-from millstream.state import Store, pack
+from millstream.ledger import (
+    ReducerState,
+    read_mapper_state,
+    register_worker,
+    write_reducer_state,
+)
+from millstream.state import Store, StoreTransaction, pack
 from millstream.testing import InProcessTransport
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers.metrics import MULTIPROC_ENV, WorkerMetrics
@@ -120,11 +125,22 @@ def mapper(store: Store, batch: pa.RecordBatch) -> Iterator[MapperWorker]:
 
 
 def _drain(worker: MapperWorker) -> None:
-    """Commit everything for every reducer (frees the window) and persist now and then."""
+    """Commit everything for every reducer (frees the window) and persist now and then.
+
+    The reducers' states say so in the store as well: the mapper checks its window's claims
+    against them before it persists.
+    """
     window = worker.window
     assert window is not None
     last = window.snapshot().shuffle_end_row_index - 1
-    for r in range(worker.processor.num_reducers):
+    reducers = range(worker.processor.num_reducers)
+
+    def commit(txn: StoreTransaction) -> None:
+        for r in reducers:
+            write_reducer_state(txn, r, ReducerState((last,)))
+
+    worker.store.transact(commit)
+    for r in reducers:
         worker.handle_get_rows(r, last, 0, 1, worker.guid)
     if worker.batches % 50 == 0:
         worker.trim_input_rows()
