@@ -51,7 +51,7 @@ proto:
 
 bench:
 	cargo bench -p millstream-core
-	$(BIN)/python -m pytest bench --benchmark-only
+	$(BIN)/python -m pytest bench --benchmark-only --benchmark-enable
 
 clean:
 	rm -rf $(VENV) target
