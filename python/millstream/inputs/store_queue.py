@@ -56,6 +56,10 @@ DEFAULT_READ_ROWS = 65_536
 """Rows a read returns when the caller's hint does not bound it."""
 
 
+_READ_RECORDS = ("first", "end", "sealed", "schema")
+"""A partition's records a read needs, read together."""
+
+
 def _decode_index(raw: bytes | None, default: int = 0) -> int:
     return default if raw is None else decode_int64(raw)
 
@@ -94,18 +98,21 @@ class StoreQueue:
         self._space = (*QUEUES, name)
         self._anonymous = threading.local()
         self._anonymous_ids: list[tuple[str, set[int]]] = []
+        self._schemas: dict[int, tuple[bytes, pa.Schema]] = {}
+        """Per partition, its stored schema and the schema parsed (see :meth:`_schema`)."""
         self._store.transact(self._check_meta, idempotent=True)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy in another process numbers its appends under producer ids of its own.
         state = dict(self.__dict__)
-        del state["_anonymous"], state["_anonymous_ids"]
+        del state["_anonymous"], state["_anonymous_ids"], state["_schemas"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._anonymous = threading.local()
         self._anonymous_ids = []
+        self._schemas = {}
 
     def _check_meta(self, txn: StoreTransaction) -> None:
         key = (*self._space, "meta")
@@ -362,6 +369,14 @@ class StoreQueue:
             idempotent=True,
         )
 
+    def _schema(self, partition: int, raw: bytes) -> pa.Schema:
+        """The partition's schema, parsed once (a partition's schema never changes)."""
+        known = self._schemas.get(partition)
+        if known is None or known[0] != raw:
+            known = (raw, pa.ipc.read_schema(pa.py_buffer(raw)))
+            self._schemas[partition] = known
+        return known[1]
+
     def _chunk_at(self, txn: StoreTransaction, partition: int, row: int) -> tuple[int, int] | None:
         """``(begin, end)`` of the stored chunk holding ``row``, if any."""
         found = txn.get_range(
@@ -389,34 +404,45 @@ class StoreQueue:
         )
 
     def _read(self, txn: StoreTransaction, partition: int, begin: int, max_rows: int) -> ReadResult:
-        first = _decode_index(txn.get(self._key(partition, "first"), snapshot=True))
+        raw_first, raw_end, sealed_raw, schema_raw = txn.get_many(
+            self._key(partition), _READ_RECORDS, snapshot=True
+        )
+        first = _decode_index(raw_first)
         if begin < first:
             raise InputError(
                 f"queue {self._name!r} partition {partition}: rows below {first} were trimmed; "
                 f"cannot read from row {begin}"
             )
-        end = _decode_index(txn.get(self._key(partition, "end"), snapshot=True))
-        sealed = txn.get(self._key(partition, "sealed"), snapshot=True) is not None
+        end = _decode_index(raw_end)
+        sealed = sealed_raw is not None
         token = pack((begin,))
         if begin >= end:
             return ReadResult(None, token, end_of_input=sealed and begin >= end)
         stop = min(end, begin + max_rows)
-        chunk = self._chunk_at(txn, partition, begin)
-        if chunk is None:
-            raise InputError(
-                f"queue {self._name!r} partition {partition}: row {begin} is missing from the "
-                "store (trimmed concurrently or damaged)"
-            )
-        schema_raw = txn.get(self._key(partition, "schema"), snapshot=True)
         assert schema_raw is not None
-        schema = pa.ipc.read_schema(pa.py_buffer(schema_raw))
+        schema = self._schema(partition, schema_raw)
         limit = TRANSACTION_BYTES // PART_BYTES + 1
+        # A read usually starts where an append began (a chunk's first row): its chunks are
+        # the rows' range. Otherwise the chunk holding ``begin`` starts below it.
         rows = txn.get_range(
-            self._key(partition, "rows", chunk[0]),
+            self._key(partition, "rows", begin),
             self._key(partition, "rows", stop),
             limit=limit,
             snapshot=True,
         )
+        if not rows or int(rows[0][0][-3]) != begin:
+            chunk = self._chunk_at(txn, partition, begin)
+            if chunk is None:
+                raise InputError(
+                    f"queue {self._name!r} partition {partition}: row {begin} is missing from "
+                    "the store (trimmed concurrently or damaged)"
+                )
+            rows = txn.get_range(
+                self._key(partition, "rows", chunk[0]),
+                self._key(partition, "rows", stop),
+                limit=limit,
+                snapshot=True,
+            )
         parts: dict[tuple[int, int], list[bytes]] = {}
         for key, value in rows:
             parts.setdefault((int(key[-3]), int(key[-2])), []).append(value)

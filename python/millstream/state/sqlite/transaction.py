@@ -52,6 +52,14 @@ if TYPE_CHECKING:
     from millstream.state.sqlite.store import SqliteStore
 
 
+def _digest_row(digest: hashlib.blake2b, key: bytes, value: bytes) -> None:
+    """Add one ``(key, value)`` of a range read to its digest (lengths first, no copies)."""
+    digest.update(len(key).to_bytes(4, "little"))
+    digest.update(key)
+    digest.update(len(value).to_bytes(4, "little"))
+    digest.update(value)
+
+
 class SqliteTransaction(StoreTransaction):
     """A transaction on a :class:`SqliteStore` (see the module docstring for the model)."""
 
@@ -257,7 +265,8 @@ class SqliteTransaction(StoreTransaction):
         overlay = self._overlay(begin, end) if self._log else {}
         cleared = self._cleared(begin, end) if self._log else []
         buffered = sorted(overlay.items(), reverse=reverse)
-        digest = hashlib.blake2b(digest_size=16)
+        # What a conflict check compares at commit; a snapshot read is not checked.
+        digest = None if snapshot else hashlib.blake2b(digest_size=16)
         out: list[tuple[bytes, bytes]] = []
         full = False
         bi = 0
@@ -280,7 +289,8 @@ class SqliteTransaction(StoreTransaction):
                             break
                 if full:
                     break
-                digest.update(len(k).to_bytes(4, "little") + k + len(v).to_bytes(4, "little") + v)
+                if digest is not None:
+                    _digest_row(digest, k, v)
                 if k in overlay or any(c.begin <= k < c.end for c in cleared):
                     continue
                 out.append((k, v))
@@ -296,7 +306,7 @@ class SqliteTransaction(StoreTransaction):
                     if limit and len(out) >= limit:
                         full = True
                         break
-        if not snapshot:
+        if digest is not None:
             if full and not reverse:
                 self._ranges.append((begin, out[-1][0] + b"\x00", reverse, digest.digest()))
             elif full:
@@ -352,7 +362,7 @@ class SqliteTransaction(StoreTransaction):
         for begin, end, reverse, seen_digest in self._ranges:
             digest = hashlib.blake2b(digest_size=16)
             for k, v in self._stored_range(conn, runs, begin, end, reverse, 0):
-                digest.update(len(k).to_bytes(4, "little") + k + len(v).to_bytes(4, "little") + v)
+                _digest_row(digest, k, v)
             if digest.digest() != seen_digest:
                 raise StoreConflictError(
                     f"keys in [{begin[:64]!r}, {end[:64]!r}) changed after this transaction "
