@@ -31,6 +31,7 @@ from millstream.state.sqlite.sql import (
     DEFAULT_CHECKPOINT_PAGES,
     SCHEMA_VERSION,
     SECURE_DELETE,
+    SQL_CREATE_KV,
     begin_transaction,
     map_sqlite_error,
     sql_add,
@@ -168,10 +169,7 @@ class SqliteStore(Store):
                     )
             if app_id == 0:
                 begin_transaction(conn, ("BEGIN IMMEDIATE",), self._busy_timeout_ms)
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY NOT NULL, "
-                    "value NOT NULL) WITHOUT ROWID"
-                )
+                conn.execute(SQL_CREATE_KV)
                 conn.execute(SQL_CREATE_RUNS)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
