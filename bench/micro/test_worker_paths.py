@@ -13,6 +13,7 @@ rate (and adds to latency), on large ones the user's work dominates.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,14 +279,21 @@ def test_reducer_run_once_with_metrics(
 ) -> None:
     """:func:`test_reducer_run_once` with Prometheus metrics on (observed at each commit)."""
     from prometheus_client import values
+    from prometheus_client.mmap_dict import MmapedDict
 
     monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
     monkeypatch.setattr(values, "ValueClass", values.ValueClass)
-    reducer.worker.on_committed = WorkerMetrics("reducer", 0).observe_commit
-    benchmark.extra_info["rows_per_round"] = reducer.rows_per_round
-    round_ = Counted(reducer.worker.run_once)
-    benchmark.pedantic(round_, rounds=100, warmup_rounds=5)
-    assert reducer.worker.commits == round_.calls
+    try:
+        reducer.worker.on_committed = WorkerMetrics("reducer", 0).observe_commit
+        benchmark.extra_info["rows_per_round"] = reducer.rows_per_round
+        round_ = Counted(reducer.worker.run_once)
+        benchmark.pedantic(round_, rounds=100, warmup_rounds=5)
+        assert reducer.worker.commits == round_.calls
+    finally:
+        # The metric files stay open for the process's life (a worker's); close this test's.
+        for obj in gc.get_objects():
+            if isinstance(obj, MmapedDict) and Path(obj._fname).parent == tmp_path:
+                obj.close()
 
 
 def test_reducer_reduce_and_bare_commit(
