@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 from millstream.state import open_store
@@ -53,7 +54,7 @@ def test_a_small_key_is_read_without_the_large_values_beside_it(tmp_path: Path) 
     # The layout before (a WITHOUT ROWID table, whose interior pages hold whole rows) read
     # the overflow pages of every large value its search compared with: 8 times as much.
     old = tmp_path / "without_rowid.db"
-    with sqlite3.connect(old) as conn:
+    with closing(sqlite3.connect(old)) as conn:
         conn.execute(
             "CREATE TABLE kv (key BLOB PRIMARY KEY NOT NULL, value NOT NULL) WITHOUT ROWID"
         )
