@@ -37,7 +37,7 @@ from millstream.exceptions import (
 from millstream.inputs.base import ReadResult
 from millstream.ledger import QUEUES
 from millstream.state.base import Store, StoreTransaction
-from millstream.state.keys import decode_int64, encode_int64, pack, unpack
+from millstream.state.keys import Key, decode_int64, encode_int64, pack, unpack
 from millstream.state.url import open_store
 
 if TYPE_CHECKING:
@@ -422,14 +422,18 @@ class StoreQueue:
         assert schema_raw is not None
         schema = self._schema(partition, schema_raw)
         limit = TRANSACTION_BYTES // PART_BYTES + 1
+
+        def chunks_from(row: int) -> list[tuple[Key, bytes]]:
+            return txn.get_range(
+                self._key(partition, "rows", row),
+                self._key(partition, "rows", stop),
+                limit=limit,
+                snapshot=True,
+            )
+
         # A read usually starts where an append began (a chunk's first row): its chunks are
         # the rows' range. Otherwise the chunk holding ``begin`` starts below it.
-        rows = txn.get_range(
-            self._key(partition, "rows", begin),
-            self._key(partition, "rows", stop),
-            limit=limit,
-            snapshot=True,
-        )
+        rows = chunks_from(begin)
         if not rows or int(rows[0][0][-3]) != begin:
             chunk = self._chunk_at(txn, partition, begin)
             if chunk is None:
@@ -437,12 +441,7 @@ class StoreQueue:
                     f"queue {self._name!r} partition {partition}: row {begin} is missing from "
                     "the store (trimmed concurrently or damaged)"
                 )
-            rows = txn.get_range(
-                self._key(partition, "rows", chunk[0]),
-                self._key(partition, "rows", stop),
-                limit=limit,
-                snapshot=True,
-            )
+            rows = chunks_from(chunk[0])
         parts: dict[tuple[int, int], list[bytes]] = {}
         for key, value in rows:
             parts.setdefault((int(key[-3]), int(key[-2])), []).append(value)
