@@ -4,6 +4,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class HoldRequest(_message.Message):
+    __slots__ = ("hold_ms",)
+    HOLD_MS_FIELD_NUMBER: _ClassVar[int]
+    hold_ms: int
+    def __init__(self, hold_ms: _Optional[int] = ...) -> None: ...
+
+class HoldResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GetRowsRequest(_message.Message):
     __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_id", "max_bytes", "wait_ms", "gather_rows", "after_row_index", "shuffle_indices", "start_in_ms")
     COUNT_FIELD_NUMBER: _ClassVar[int]

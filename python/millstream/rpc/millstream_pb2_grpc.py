@@ -39,6 +39,11 @@ class MapperStub:
                 request_serializer=millstream_dot_millstream__pb2.GetRowsRequest.SerializeToString,
                 response_deserializer=millstream_dot_millstream__pb2.GetRowsResponse.FromString,
                 _registered_method=True)
+        self.Hold = channel.unary_unary(
+                '/millstream.Mapper/Hold',
+                request_serializer=millstream_dot_millstream__pb2.HoldRequest.SerializeToString,
+                response_deserializer=millstream_dot_millstream__pb2.HoldResponse.FromString,
+                _registered_method=True)
 
 
 class MapperServicer:
@@ -52,6 +57,15 @@ class MapperServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hold(self, request, context):
+        """Answered after hold_ms (or when the caller cancels it), with nothing: a reducer keeps
+        one under way on each mapper's channel, so that gRPC's synchronous client keeps the
+        channel's one polling thread instead of starting a thread for every GetRows call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MapperServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +73,11 @@ def add_MapperServicer_to_server(servicer, server):
                     servicer.GetRows,
                     request_deserializer=millstream_dot_millstream__pb2.GetRowsRequest.FromString,
                     response_serializer=millstream_dot_millstream__pb2.GetRowsResponse.SerializeToString,
+            ),
+            'Hold': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hold,
+                    request_deserializer=millstream_dot_millstream__pb2.HoldRequest.FromString,
+                    response_serializer=millstream_dot_millstream__pb2.HoldResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +107,33 @@ class Mapper:
             '/millstream.Mapper/GetRows',
             millstream_dot_millstream__pb2.GetRowsRequest.SerializeToString,
             millstream_dot_millstream__pb2.GetRowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.Mapper/Hold',
+            millstream_dot_millstream__pb2.HoldRequest.SerializeToString,
+            millstream_dot_millstream__pb2.HoldResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -22,11 +23,22 @@ from millstream.rpc.calls import (
 _MAX_WAIT_SECONDS = 30.0
 """The longest a call may be held waiting for rows, whatever the request says."""
 
+_MAX_HOLD_SECONDS = 120.0
+"""The longest a Hold call is held, whatever the request says."""
+
 
 class _Servicer(millstream_pb2_grpc.MapperServicer):
-    def __init__(self, handlers: RowsHandler | Mapping[str, RowsHandler], max_bytes: int) -> None:
+    def __init__(
+        self,
+        handlers: RowsHandler | Mapping[str, RowsHandler],
+        max_bytes: int,
+        max_held: int,
+    ) -> None:
         self._handlers = handlers
         self._max_bytes = max_bytes
+        self._held = threading.BoundedSemaphore(max_held)
+        self.closing = threading.Event()
+        """Set when the server stops: Hold calls answer at once."""
 
     def _handler(self, mapper_id: str) -> RowsHandler:
         """The handler a call is for: the only one, or the instance it names."""
@@ -117,6 +129,28 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
             and handler.fetched_all(request.reducer_index, last),
         )
 
+    def Hold(
+        self, request: millstream_pb2.HoldRequest, context: grpc.ServicerContext
+    ) -> millstream_pb2.HoldResponse:
+        # Holds one of the pool's threads of its own, asleep, until the time is up, the
+        # caller cancels (closes its channel, ends) or the server stops. More callers than
+        # the server keeps threads for are told at once (they start threads per call).
+        if not self._held.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no thread left to hold the call")
+        try:
+            ended = threading.Event()
+            if context.add_callback(ended.set):
+                seconds = min(max(0, request.hold_ms) / 1000, _MAX_HOLD_SECONDS)
+                deadline = time.monotonic() + seconds
+                while not ended.is_set() and not self.closing.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    ended.wait(min(left, 1.0))
+        finally:
+            self._held.release()
+        return millstream_pb2.HoldResponse()
+
 
 class RowsServer:
     """A started gRPC server for one mapper worker.
@@ -129,7 +163,10 @@ class RowsServer:
         max_message_bytes: gRPC send/receive limit.
         max_response_bytes: Byte cap of one response's Arrow IPC payload (kept below what
             ``max_message_bytes`` can carry).
-        max_concurrent_calls: Calls served at once (one per reducer is enough).
+        max_concurrent_calls: GetRows calls served at once (one per reducer and mapper
+            instance served is enough).
+        max_held_calls: Hold calls held at once (one per reducer; a reducer beyond that
+            starts a thread per call, as gRPC's client does without one).
         credentials: TLS credentials (mutual TLS, :mod:`millstream.rpc.tls`); None:
             plaintext.
     """
@@ -142,11 +179,13 @@ class RowsServer:
         max_response_bytes: int,
         *,
         max_concurrent_calls: int = 8,
+        max_held_calls: int = 8,
         credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self._server = grpc.server(
             ThreadPoolExecutor(
-                max_workers=max(1, max_concurrent_calls), thread_name_prefix="getrows"
+                max_workers=max(1, max_concurrent_calls) + max(0, max_held_calls),
+                thread_name_prefix="getrows",
             ),
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
@@ -154,10 +193,12 @@ class RowsServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        millstream_pb2_grpc.add_MapperServicer_to_server(
-            _Servicer(handler, min(max_response_bytes, max_payload_bytes(max_message_bytes))),
-            self._server,
+        self._servicer = _Servicer(
+            handler,
+            min(max_response_bytes, max_payload_bytes(max_message_bytes)),
+            max(0, max_held_calls),
         )
+        millstream_pb2_grpc.add_MapperServicer_to_server(self._servicer, self._server)
         if credentials is None:
             self.port = self._server.add_insecure_port(bind)
         else:
@@ -167,5 +208,6 @@ class RowsServer:
         self._server.start()
 
     def stop(self, grace: float = 0.5) -> None:
-        """Stop serving; in-flight calls get ``grace`` seconds."""
+        """Stop serving; in-flight calls get ``grace`` seconds (Hold calls none)."""
+        self._servicer.closing.set()
         self._server.stop(grace).wait()

@@ -119,6 +119,8 @@ def _serve_mapper(
                 t.grpc_max_message_bytes,
                 t.get_rows_max_bytes,
                 max_concurrent_calls=max(8, processor.num_reducers * len(workers)),
+                # Two per reducer: a restarted reducer's old channel may linger a while.
+                max_held_calls=2 * processor.num_reducers,
                 credentials=None if tls is None else tls.server_credentials(),
             )
         except (OSError, RuntimeError) as exc:  # grpcio raises either when bind fails

@@ -328,3 +328,90 @@ def test_a_call_under_way_from_another_committed_index_is_not_used() -> None:
         frozen.thawed.set()
         client.close()
         server.stop(0)
+
+
+def _thread_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the threads started from now on, but the servers' (gRPC's client's
+    included)."""
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        if not thread.name.startswith("getrows"):
+            started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    return started
+
+
+def test_calls_one_after_another_start_no_thread_each(
+    served: tuple[WindowHandler, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gRPC's synchronous client starts a thread for a call on a channel with none under
+    way; the Hold call a reducer keeps on each channel spares its rounds, one call after
+    another, a thread start each."""
+    _, address = served
+    client = GrpcRowsClient(5.0, 1 << 20)
+    started = _thread_starts(monkeypatch)
+    try:
+        for _ in range(20):
+            (result,) = client.get_rows_many([_call(address, committed_row_index=5)])
+            assert isinstance(result, GetRowsResult)
+    finally:
+        client.close()
+    assert len(started) <= 1, started
+
+
+def test_a_server_without_threads_to_hold_calls_still_serves_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mapper that keeps no thread for Hold calls refuses them; GetRows works as before
+    (a thread per call) and the client does not ask for a hold with every call."""
+    handler = WindowHandler()
+    server = RowsServer(handler, "127.0.0.1:0", 1 << 20, MAX_RESPONSE, max_held_calls=0)
+    address = f"127.0.0.1:{server.port}"
+    client = GrpcRowsClient(5.0, 1 << 20)
+    holds: list[object] = []
+    stub_init = millstream_pb2_grpc.MapperStub.__init__
+
+    def counting_stub(stub: millstream_pb2_grpc.MapperStub, channel: grpc.Channel) -> None:
+        stub_init(stub, channel)
+        hold = stub.Hold
+
+        class Counted:
+            def future(self, *args: Any, **kwargs: Any) -> grpc.Future:
+                holds.append(args)
+                return hold.future(*args, **kwargs)
+
+        stub.Hold = Counted()  # type: ignore[assignment]
+
+    monkeypatch.setattr(millstream_pb2_grpc.MapperStub, "__init__", counting_stub)
+    started = _thread_starts(monkeypatch)
+    try:
+        for _ in range(10):
+            (result,) = client.get_rows_many([_call(address, committed_row_index=5)])
+            assert isinstance(result, GetRowsResult)
+            assert result.row_count == 10
+    finally:
+        client.close()
+        server.stop(0)
+    assert len(holds) == 1
+    assert len(started) >= 10, "a thread per call, as without holds"
+
+
+def test_a_stopping_server_answers_its_hold_calls() -> None:
+    """Hold calls do not keep a stopping mapper for its grace period: they are answered
+    (not cancelled when the grace runs out)."""
+    server = RowsServer(WindowHandler(), "127.0.0.1:0", 1 << 20, MAX_RESPONSE)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        hold = millstream_pb2_grpc.MapperStub(channel).Hold.future(
+            millstream_pb2.HoldRequest(hold_ms=60_000), timeout=30
+        )
+        with pytest.raises(grpc.FutureTimeoutError):
+            hold.result(timeout=0.2)  # held
+        server.stop(grace=20)
+        assert isinstance(hold.result(timeout=10), millstream_pb2.HoldResponse)
+    finally:
+        channel.close()
