@@ -37,8 +37,10 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         self._handlers = handlers
         self._max_bytes = max_bytes
         self._held = threading.BoundedSemaphore(max_held)
-        self.closing = threading.Event()
-        """Set when the server stops: Hold calls answer at once."""
+        self._lock = threading.Lock()
+        self._closing = False
+        self._holding: set[threading.Event] = set()
+        """One event per Hold call held: set when it must answer."""
 
     def _handler(self, mapper_id: str) -> RowsHandler:
         """The handler a call is for: the only one, or the instance it names."""
@@ -137,19 +139,26 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         # the server keeps threads for are told at once (they start threads per call).
         if not self._held.acquire(blocking=False):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no thread left to hold the call")
+        ended = threading.Event()
         try:
-            ended = threading.Event()
+            with self._lock:
+                if self._closing:
+                    ended.set()
+                self._holding.add(ended)
             if context.add_callback(ended.set):
-                seconds = min(max(0, request.hold_ms) / 1000, _MAX_HOLD_SECONDS)
-                deadline = time.monotonic() + seconds
-                while not ended.is_set() and not self.closing.is_set():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    ended.wait(min(left, 1.0))
+                ended.wait(min(max(0, request.hold_ms) / 1000, _MAX_HOLD_SECONDS))
         finally:
+            with self._lock:
+                self._holding.discard(ended)
             self._held.release()
         return millstream_pb2.HoldResponse()
+
+    def close(self) -> None:
+        """The server stops: Hold calls answer at once, new ones too."""
+        with self._lock:
+            self._closing = True
+            for ended in self._holding:
+                ended.set()
 
 
 class RowsServer:
@@ -209,5 +218,5 @@ class RowsServer:
 
     def stop(self, grace: float = 0.5) -> None:
         """Stop serving; in-flight calls get ``grace`` seconds (Hold calls none)."""
-        self._servicer.closing.set()
+        self._servicer.close()
         self._server.stop(grace).wait()

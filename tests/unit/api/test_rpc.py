@@ -389,7 +389,7 @@ def test_a_server_without_threads_to_hold_calls_still_serves_them(
     monkeypatch.setattr(millstream_pb2_grpc.MapperStub, "__init__", counting_stub)
     started = _thread_starts(monkeypatch)
     try:
-        for _ in range(10):
+        for _ in range(20):
             (result,) = client.get_rows_many([_call(address, committed_row_index=5)])
             assert isinstance(result, GetRowsResult)
             assert result.row_count == 10
@@ -397,7 +397,9 @@ def test_a_server_without_threads_to_hold_calls_still_serves_them(
         client.close()
         server.stop(0)
     assert len(holds) == 1
-    assert len(started) >= 10, "a thread per call, as without holds"
+    # A thread per call, as without holds (but a call that begins before the last call's
+    # thread has ended its loop finds that thread still there).
+    assert len(started) >= 10, started
 
 
 def test_a_stopping_server_answers_its_hold_calls() -> None:
