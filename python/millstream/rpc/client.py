@@ -11,6 +11,7 @@ the reducer's committed index stands. The other mappers' rows are committed mean
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -263,11 +264,11 @@ class _Hold:
     def __init__(self) -> None:
         self.future: grpc.Future | None = None
         self._retry_at = 0.0
-        self._supported = True
+        """When the next may start (never: the mapper does not know the method)."""
 
     def due(self, now: float) -> bool:
         """Whether to start a Hold call now (none under way, the mapper serves them)."""
-        if not self._supported or (self.future is not None and not self.future.done()):
+        if self.future is not None and not self.future.done():
             return False
         return now >= self._retry_at
 
@@ -283,6 +284,9 @@ class _Hold:
             return
         code = error.code() if isinstance(error, grpc.Call) else None
         if code == grpc.StatusCode.UNIMPLEMENTED:
-            self._supported = False
-        wait = HOLD_SECONDS if code == grpc.StatusCode.RESOURCE_EXHAUSTED else _HOLD_RETRY_SECONDS
+            wait = math.inf
+        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            wait = HOLD_SECONDS
+        else:
+            wait = _HOLD_RETRY_SECONDS
         self._retry_at = time.monotonic() + wait
