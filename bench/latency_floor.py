@@ -1,0 +1,217 @@
+"""The store's own share of the latency: the queue pipeline of :mod:`bench.latency` without
+the shuffle.
+
+:mod:`bench.latency` measures a row from just before the producer's append transaction to
+the commit of the reducer transaction that applied it. Two of the steps in between are the
+embedded store's, whatever the shuffle does: the append itself (an fsync'd SQLite write
+transaction, one writer at a time) and the reducer's commit (another). This benchmark runs
+the same producer (:mod:`bench.queue_producer`, the same rows, rate and schedule) into the
+same :class:`~millstream.inputs.StoreQueue`, and puts in place of the processor one process
+per partition that reads its partition as a mapper does (woken by the append's commit),
+sums the rows by key and commits the sums with its read position in one transaction per
+read: no window, no GetRows, no rounds, two fewer processes. The latency of a row is again
+from just before its append to that commit. What it reports is therefore a floor under
+any shuffle on this store and machine: the part of :mod:`bench.latency`'s figures the
+shuffle cannot remove.
+
+Every run checks that the committed per-key sums equal the producer's.
+
+Run::
+
+    .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing as mp
+import tempfile
+import time
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import millstream as ms
+import numpy as np
+import pyarrow as pa
+from millstream.inputs import StoreQueue
+from millstream.state import StoreTransaction, decode_int64
+
+from bench.latency_stats import summarize_latency
+from bench.queue_producer import QUEUE_NAME, QUEUE_PREFIX, ProducerHandle, ProducerPlan, Step
+
+_WAIT_SECONDS = 0.01
+"""The longest a reader at the end of its partition sleeps before it looks again (the
+append's commit wakes it sooner), as a mapper's ``idle_seconds``."""
+
+
+def _commit(txn: StoreTransaction, *, partition: int, sums: pa.Table, rows: int, end: int) -> None:
+    """One read's transaction: its per-key sums, its row count, the position after it."""
+    view = ms.Transaction(txn)
+    view.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
+    view.add(("rows", partition), rows)
+    txn.set(("position", partition), str(end).encode())
+
+
+def _read_and_commit(
+    url: str, partitions: int, partition: int, trim_period: float, out: Path, stop: Event
+) -> None:
+    """One partition's reader process: read, sum by key, commit; until the queue is sealed
+    and read to its end (or ``stop``). Saves (append ns, rows, commit ns) per append."""
+    queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
+    reader = queue.reader(partition)
+    store = queue.store
+    position, token = 0, b""
+    appends: list[np.ndarray] = []
+    rows: list[np.ndarray] = []
+    commits: list[np.ndarray] = []
+    trimmed_at = time.monotonic()
+    while not stop.is_set():
+        result = reader.read(position, 0, token)
+        batch = result.batch
+        if batch is None or batch.num_rows == 0:
+            if result.end_of_input:
+                break
+            reader.wait_for_rows(position, _WAIT_SECONDS)
+            continue
+        sums = (
+            pa.Table.from_batches([batch])
+            .group_by("key", use_threads=False)
+            .aggregate([("value", "sum")])
+        )
+        end = position + batch.num_rows
+        store.transact(
+            functools.partial(_commit, partition=partition, sums=sums, rows=batch.num_rows, end=end)
+        )
+        committed = time.time_ns()
+        stamps, counts = np.unique(batch.column("append_ns").to_numpy(), return_counts=True)
+        appends.append(stamps)
+        rows.append(counts)
+        commits.append(np.full(stamps.size, committed, np.int64))
+        position, token = end, result.continuation_token
+        if time.monotonic() - trimmed_at >= trim_period:
+            reader.trim(position, token)
+            trimmed_at = time.monotonic()
+    np.savez(
+        out,
+        append_ns=np.concatenate(appends or [np.zeros(0, np.int64)]),
+        rows=np.concatenate(rows or [np.zeros(0, np.int64)]),
+        commit_ns=np.concatenate(commits or [np.zeros(0, np.int64)]),
+    )
+    queue.close()
+
+
+def run(
+    rate: float,
+    seconds: float,
+    *,
+    warmup: float = 5.0,
+    partitions: int = 2,
+    keys: int = 100_000,
+    spread: bool = False,
+    trim_period: float = 0.25,
+) -> dict[str, Any]:
+    """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
+    committed after ``warmup`` seconds, and the exactness check."""
+    with tempfile.TemporaryDirectory(prefix="millstream-floor-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'state.db'}"
+        queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
+        ctx = mp.get_context("forkserver")
+        stop = ctx.Event()
+        outs = [Path(tmp) / f"partition-{p}.npz" for p in range(partitions)]
+        readers = [
+            ctx.Process(
+                target=_read_and_commit,
+                args=(url, partitions, p, trim_period, outs[p], stop),
+                name=f"floor-reader-{p}",
+                daemon=True,
+            )
+            for p in range(partitions)
+        ]
+        for reader in readers:
+            reader.start()
+        plan = ProducerPlan(steps=(Step(seconds, rate),), keys=keys, spread=spread)
+        producer = ProducerHandle(url, partitions, plan)
+        try:
+            produced = producer.result(timeout=seconds + 120)
+            for reader in readers:
+                reader.join(120)
+        finally:
+            stop.set()
+            for reader in readers:
+                if reader.is_alive():
+                    reader.kill()
+        if any(reader.exitcode != 0 for reader in readers):
+            raise RuntimeError(f"a reader failed: exit codes {[r.exitcode for r in readers]}")
+        parts = [np.load(out) for out in outs]
+        append_ns = np.concatenate([p["append_ns"] for p in parts])
+        rows = np.concatenate([p["rows"] for p in parts])
+        commit_ns = np.concatenate([p["commit_ns"] for p in parts])
+        step = produced.steps[0]
+        steady = (append_ns >= (step["start"] + warmup) * 1e9) & (append_ns <= step["end"] * 1e9)
+        latency = summarize_latency((commit_ns - append_ns)[steady] / 1e9, rows[steady])
+        store = queue.store
+        txn = store.create_transaction()
+        try:
+            view = ms.Transaction(txn)
+            sums = np.zeros(keys, np.int64)
+            for key, raw in view.get_range(("sum",)):
+                sums[int(key[-1])] = decode_int64(raw)
+            committed = sum(view.get_int(("rows", p)) for p in range(partitions))
+        finally:
+            txn.reset()
+        queue.close()
+    exact = bool((sums == produced.sums).all()) and committed == produced.rows
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "spread": spread,
+        "latency": latency,
+        "producer_append_p99_ms": step["append"].get("p99_ms", float("nan")),
+        "rows_appended": produced.rows,
+        "rows_committed": committed,
+        "exact": exact,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=62_500)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=5.0, help="left out of the figures")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--trim-period", type=float, default=0.25)
+    parser.add_argument(
+        "--spread", action="store_true", help="append to every partition every tick"
+    )
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args(argv)
+    print(
+        "| rows/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | producer append p99 ms | exact |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    failed = False
+    for _ in range(args.runs):
+        r = run(
+            args.rate,
+            args.seconds,
+            warmup=args.warmup,
+            partitions=args.partitions,
+            spread=args.spread,
+            trim_period=args.trim_period,
+        )
+        lat = r["latency"]
+        figures = " | ".join(f"{lat[q] * 1000:.1f}" for q in ("p50", "p90", "p99", "p99.9", "max"))
+        print(
+            f"| {args.rate:,.0f} | {figures} | {r['producer_append_p99_ms']:.1f} | "
+            f"{'yes' if r['exact'] else 'NO'} |",
+            flush=True,
+        )
+        failed = failed or not r["exact"]
+    if failed:
+        raise SystemExit("a run was not exact: the committed sums differ from the producer's")
+
+
+if __name__ == "__main__":
+    main()
