@@ -80,6 +80,7 @@ from millstream.ledger import (
     unregister_worker,
 )
 from millstream.ledger.rescale import begin_rescale, finish_rescale
+from millstream.ledger.spill import spill_pending
 from millstream.ledger.subspaces import SYSTEM
 from millstream.processor import Processor
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
@@ -1513,9 +1514,10 @@ class Simulation:
                 for inst in list(self.mappers[m]):
                     self.trim_instance(inst)
             self.check()
-            if self._all_mappers_drained():
+            if self._all_mappers_drained() and not self._spill_waits():
                 break
         assert self._all_mappers_drained(), "the old reducers' run did not drain"
+        assert not self._spill_waits(), "the old reducers' run left spilled rows"
         for insts in self.mappers:
             for inst in insts:
                 inst.worker.mark_drained()
@@ -2033,6 +2035,15 @@ class Simulation:
         for r in range(self.R):
             if not self.reducers[r]:
                 self.start_reducer(r)
+
+    def _spill_waits(self) -> bool:
+        """Whether chunks spilled for some reducer are still in the store: a reducer's run
+        goes on until none is (its ``all_drained``), even once every mapper has drained."""
+        txn = self.raw.create_transaction()
+        try:
+            return any(spill_pending(txn, r) for r in range(self.R))
+        finally:
+            txn.reset()
 
     def _all_mappers_drained(self) -> bool:
         return all(

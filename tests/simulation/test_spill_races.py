@@ -242,3 +242,31 @@ def test_a_queue_reducer_clears_chunks_of_rows_it_committed() -> None:
         ],
     ).trace
     assert trace[-1] == "drained"
+
+
+def test_a_rescale_waits_for_the_old_reducers_to_commit_their_spilled_rows() -> None:
+    # Mapper 1 spills reducer 0's rows and drops them from its window, so it is drained as
+    # soon as its state is persisted; reducer 0 has not read the chunk yet. The old
+    # shape's run must go on (as a reducer's loop does while a spill waits for it) until
+    # the chunk is committed: handing over earlier is refused ("reducer 0 has spilled
+    # rows"), and clearing the chunk would lose its rows.
+    config = SimConfig(
+        totals=(4, 4),
+        num_reducers=2,
+        batch_rows=2,
+        commit_max_rows=1,
+        acknowledge_commits=False,
+        queue=True,
+    )
+    steps = [
+        ("trimmed_read_race", 1, 1, 1),
+        ("duplicate_mapper", 0),
+        ("crash_mapper", 1, 0),
+        ("duplicate_mapper", 0),
+        ("duplicate_mapper", 0),
+        ("reduce", 0, 0, (), (("spill", 1, 0),), (), False),
+        ("rescale", 1),
+    ]
+    trace = replay(config, steps).trace
+    assert any("rescale to 1 reducers" in line for line in trace)
+    assert trace[-1] == "drained"
