@@ -113,7 +113,7 @@ def run(
     trim_period: float = 0.25,
 ) -> dict[str, Any]:
     """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
-    committed after ``warmup`` seconds, and the exactness check."""
+    appended after the first ``warmup`` seconds, and the exactness check."""
     with tempfile.TemporaryDirectory(prefix="millstream-floor-") as tmp:
         url = f"sqlite:///{Path(tmp) / 'state.db'}"
         queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
