@@ -36,9 +36,10 @@ import millstream as ms
 import numpy as np
 import pyarrow as pa
 from millstream.inputs import StoreQueue
-from millstream.state import StoreTransaction, decode_int64
+from millstream.state import StoreTransaction
 
 from bench.latency_stats import summarize_latency
+from bench.queue_pipeline import read_key_sums
 from bench.queue_producer import QUEUE_NAME, QUEUE_PREFIX, ProducerHandle, ProducerPlan, Step
 
 _WAIT_SECONDS = 0.01
@@ -155,14 +156,12 @@ def run(
         txn = store.create_transaction()
         try:
             view = ms.Transaction(txn)
-            sums = np.zeros(keys, np.int64)
-            for key, raw in view.get_range(("sum",)):
-                sums[int(key[-1])] = decode_int64(raw)
+            sums, extra = read_key_sums(view, keys)
             committed = sum(view.get_int(("rows", p)) for p in range(partitions))
         finally:
             txn.reset()
         queue.close()
-    exact = bool((sums == produced.sums).all()) and committed == produced.rows
+    exact = bool((sums == produced.sums).all()) and committed == produced.rows and extra == 0
     return {
         "rate": rate,
         "seconds": seconds,

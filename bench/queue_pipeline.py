@@ -422,14 +422,7 @@ class Pipeline:
         txn = self._store.create_transaction()
         try:
             view = ms.Transaction(txn)
-            sums = np.zeros(self.keys, np.int64)
-            extra = 0
-            for key, raw in view.get_range(("sum",)):
-                k = int(key[-1])
-                if 0 <= k < self.keys:
-                    sums[k] = decode_int64(raw)
-                else:
-                    extra += 1
+            sums, extra = read_key_sums(view, self.keys)
             rows = {r: view.get_int(("rows", r)) for r in range(self.num_reducers)}
         finally:
             txn.reset()
@@ -470,6 +463,20 @@ class Pipeline:
         self.queue.close()
         if not keep:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def read_key_sums(view: ms.Transaction, keys: int) -> tuple[np.ndarray, int]:
+    """The committed ``("sum", key)`` counters as a dense array over ``[0, keys)``, and how
+    many keys outside that range were found (none, in an exact run)."""
+    sums = np.zeros(keys, np.int64)
+    extra = 0
+    for key, raw in view.get_range(("sum",)):
+        k = int(key[-1])
+        if 0 <= k < keys:
+            sums[k] = decode_int64(raw)
+        else:
+            extra += 1
+    return sums, extra
 
 
 def loadavg() -> str:
