@@ -28,6 +28,8 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.ledger import RunSummary, prepare_store, read_status, summarize
+from millstream.rpc.address import check_exposure, mapper_address
+from millstream.rpc.tls import tls_files
 from millstream.runner.forkserver import (
     IN_WORKER_ENV,
     WorkerContext,
@@ -328,7 +330,9 @@ class LocalRunner:
 
         Raises:
             ConfigurationError: Called inside a worker process: the processor's module
-                starts a run when it is imported.
+                starts a run when it is imported; or ``Tuning.bind_host`` opens GetRows
+                beyond loopback in plaintext (see
+                :func:`~millstream.rpc.address.check_exposure`).
         """
         if os.environ.get(IN_WORKER_ENV):
             raise ConfigurationError(
@@ -337,6 +341,9 @@ class LocalRunner:
                 'it. Start the run under `if __name__ == "__main__":`, or run that file '
                 "itself as the script (`python job.py`, `millstream run job.py:processor`)"
             )
+        t = self.processor.tuning
+        tls = tls_files(t) is not None
+        check_exposure(mapper_address(t).bind, tls=tls, tuning=t, where="the local mappers")
         start_fork_server(self.processor)
         store = self.processor.open_store()
         try:
