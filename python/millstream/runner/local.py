@@ -28,7 +28,7 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.ledger import RunSummary, prepare_store, read_status, summarize
-from millstream.rpc.address import check_exposure, mapper_address
+from millstream.rpc.address import LOOPBACK, check_exposure, mapper_address
 from millstream.rpc.tls import tls_files
 from millstream.runner.forkserver import (
     IN_WORKER_ENV,
@@ -271,6 +271,8 @@ class LocalRunner:
         out: Where progress goes.
         metrics_port: Serve Prometheus metrics of every worker and of the runner on this
             port (0: a free one, see ``metrics.port``) while the run lasts; None: none.
+        metrics_host: The address the metrics endpoint listens on: loopback by default,
+            ``"0.0.0.0"`` for every interface.
     """
 
     processor: Processor
@@ -278,6 +280,7 @@ class LocalRunner:
     instances: Mapping[tuple[str, int], int] = field(default_factory=dict)
     out: TextIO = sys.stderr
     metrics_port: int | None = None
+    metrics_host: str = LOOPBACK
     label: bool = False
     """Name the processor in progress lines (when several run side by side)."""
     rescaling: bool = False
@@ -357,12 +360,10 @@ class LocalRunner:
                 self.metrics_port,
                 lambda: dict(self.restarts_by_worker),
                 directory=os.environ.get(MULTIPROC_ENV) or None,
+                host=self.metrics_host,
             )
             if self.progress:
-                print(
-                    f"millstream: metrics on http://localhost:{self.metrics.port}/metrics",
-                    file=self.out,
-                )
+                print(f"millstream: metrics on {self.metrics.url}", file=self.out)
         self._started_at = time.monotonic()
         workers = [("mapper", m) for m in range(self.processor.num_mappers)] + [
             ("reducer", r) for r in range(self.processor.num_reducers)
@@ -717,6 +718,7 @@ def run_local(
     progress: bool = False,
     timeout: float | None = None,
     metrics_port: int | None = None,
+    metrics_host: str = LOOPBACK,
 ) -> RunSummary:
     """Run every worker of ``processor`` as a process on this machine until bounded inputs
     drain; returns the run's summary.
@@ -733,6 +735,10 @@ def run_local(
         timeout: Stop every worker and raise :class:`TimeoutError` if the input has not
             drained after this many seconds.
         metrics_port: Serve Prometheus metrics on this port (0: any free one).
+        metrics_host: The address the metrics listen on: loopback by default,
+            ``"0.0.0.0"`` for every interface.
     """
-    runner = LocalRunner(processor, progress=progress, metrics_port=metrics_port)
+    runner = LocalRunner(
+        processor, progress=progress, metrics_port=metrics_port, metrics_host=metrics_host
+    )
     return runner.run(timeout=timeout)
