@@ -88,7 +88,11 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         summary = run_local(
-            processor, progress=not args.quiet, timeout=args.timeout, metrics_port=args.metrics_port
+            processor,
+            progress=not args.quiet,
+            timeout=args.timeout,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
     except RunStopped as stopped:
         if stopped.summary is not None:
@@ -131,9 +135,9 @@ def _metrics(args: argparse.Namespace) -> int:
         )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    server = MetricsServer(args.port, dict, directory=str(directory))
+    server = MetricsServer(args.port, dict, directory=str(directory), host=args.host)
     print(
-        f"millstream: serving the metrics in {directory} on http://localhost:{server.port}/metrics",
+        f"millstream: serving the metrics in {directory} on {server.url}",
         file=sys.stderr,
         flush=True,
     )
@@ -237,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PORT",
         help="serve Prometheus metrics of every worker at http://<host>:PORT/metrics",
     )
+    run.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics listen on (default 127.0.0.1; 0.0.0.0: every interface)",
+    )
     run.set_defaults(func=_run)
     rescale = sub.add_parser(
         "rescale",
@@ -257,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     metrics.add_argument("directory", help="the workers' PROMETHEUS_MULTIPROC_DIR")
     metrics.add_argument("--port", type=int, required=True, help="TCP port (0: a free one)")
+    metrics.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)",
+    )
     metrics.set_defaults(func=_metrics)
     status = sub.add_parser("status", help="show a processor's workers, lag and windows")
     status.add_argument("store", help="store URL, e.g. sqlite:///tmp/state.db")

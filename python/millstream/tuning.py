@@ -119,7 +119,8 @@ class Tuning:
             other under another name (NAT, several interfaces).
         bind_host: Address the mapper's GetRows server listens on. ``None``: the advertised
             address only; ``"0.0.0.0"`` (or ``"::"``) for every interface, e.g. when the
-            advertised address belongs to a proxy or NAT in front of the host.
+            advertised address belongs to a proxy or NAT in front of the host. Beyond
+            loopback, GetRows needs mutual TLS (``tls_*``) or ``plaintext_get_rows``.
         tls_ca_file: Mutual TLS on GetRows: the CA certificate (PEM) that signs every
             worker's certificate. With ``tls_cert_file`` and ``tls_key_file`` (all three or
             none; unset: ``MILLSTREAM_TLS_CA_FILE``, ``MILLSTREAM_TLS_CERT_FILE``,
@@ -130,10 +131,12 @@ class Tuning:
         tls_server_name: The name reducers expect in mappers' certificates, when those
             name a service rather than each host (``MILLSTREAM_TLS_SERVER_NAME``); None:
             the host of the address a mapper advertises.
-        plaintext_get_rows: Allow GetRows without TLS on a cluster (a non-local Spark
-            master, not ``single_host``), where anyone who reaches a mapper's port could
-            make it drop rows (it then produces them again; nothing is lost). Plaintext is
-            always allowed on one host (the local runner binds loopback only).
+        plaintext_get_rows: Allow GetRows without TLS on an address other hosts may
+            reach (anything but loopback: a ``bind_host`` such as ``"0.0.0.0"``, an
+            executor's address on Spark), where anyone who reaches a mapper's port could
+            make it drop rows (it then produces them again; nothing is lost). Every runner
+            refuses that without TLS unless this is set; plaintext on loopback (the local
+            runner's default) is always allowed.
         acknowledge_commits: After each commit, tell the mappers the new committed
             indices at once instead of with the next round, so they free memory and trim
             their input a commit interval sooner: the next round's GetRows go out right

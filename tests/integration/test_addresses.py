@@ -21,6 +21,7 @@ from millstream.exceptions import ConfigurationError
 from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import WorkerInfo, list_workers
 from millstream.rpc.address import MapperAddress, host_port, is_loopback, mapper_address
+from millstream.runner.local import LocalRunner
 from millstream.workers import run_worker
 
 from examples.keyed_sum import PreAggregate, SumIntoStore
@@ -113,16 +114,38 @@ def test_a_worker_given_its_hosts_address_binds_only_that(tmp_path: Path) -> Non
 
 
 def test_bind_host_opens_every_interface(tmp_path: Path) -> None:
-    processor = processor_for(tmp_path, ms.Tuning(heartbeat_seconds=0.1, bind_host="0.0.0.0"))
+    processor = processor_for(
+        tmp_path, ms.Tuning(heartbeat_seconds=0.1, bind_host="0.0.0.0", plaintext_get_rows=True)
+    )
     with running_mapper(processor) as info:
         host, port = split(info.address)
         assert host == "127.0.0.1"
         assert listening_hosts(port) in ({"0.0.0.0"}, {"::"}, {"0.0.0.0", "::"})
 
 
+PLAINTEXT_REFUSED = r"plaintext on '0\.0\.0\.0'.*mutual TLS.*plaintext_get_rows=True"
+
+
+def test_plaintext_beyond_loopback_is_refused_by_every_runner(tmp_path: Path) -> None:
+    processor = processor_for(tmp_path, ms.Tuning(bind_host="0.0.0.0"))
+    stopped = threading.Event()
+    stopped.set()  # a worker that started would return at once
+    with pytest.raises(ConfigurationError, match=PLAINTEXT_REFUSED):
+        run_worker(processor, "mapper", 0, stopped)
+    runner = LocalRunner(processor)
+    try:
+        with pytest.raises(ConfigurationError, match=PLAINTEXT_REFUSED):
+            runner.start()
+        assert not runner.pids(), "no worker may start"
+    finally:
+        runner.stop()
+
+
 def test_an_address_of_no_local_interface_is_a_configuration_error(tmp_path: Path) -> None:
     # 203.0.113.0/24 is reserved for documentation: no interface has it, nothing is sent.
-    processor = processor_for(tmp_path, ms.Tuning(advertise_host="203.0.113.9"))
+    processor = processor_for(
+        tmp_path, ms.Tuning(advertise_host="203.0.113.9", plaintext_get_rows=True)
+    )
     with pytest.raises(ConfigurationError, match=r"cannot listen on '203\.0\.113\.9'.*bind_host"):
         run_worker(processor, "mapper", 0, threading.Event())
 

@@ -26,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_readme import ROOT, write_data
 from test_stopping import JOB
 
+from tests.sockets import listening_hosts
+
 ROWS = 20_000
 PER_PARTITION = ROWS // 2
 
@@ -201,8 +203,42 @@ def test_a_port_already_in_use_stops_the_run_naming_it(tmp_path: Path) -> None:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(ConfigurationError, match=f"cannot serve metrics on 0.0.0.0:{port}"):
+        with pytest.raises(ConfigurationError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
             LocalRunner(processor, metrics_port=port).run(timeout=60)
+
+
+@pytest.mark.parametrize("host", [None, "0.0.0.0", "127.0.0.2"])
+def test_the_runners_metrics_listen_on_loopback_unless_told_otherwise(
+    tmp_path: Path, host: str | None
+) -> None:
+    data = write_keyed_input(tmp_path / "in", 1_000)
+    processor = keyed_processor(data, tmp_path / "state.db")
+    chosen = {} if host is None else {"metrics_host": host}
+    runner = LocalRunner(processor, metrics_port=0, **chosen)
+    try:
+        runner.start()
+        assert runner.metrics is not None
+        assert listening_hosts(runner.metrics.port) == {host or "127.0.0.1"}
+    finally:
+        runner.stop()
+
+
+@pytest.mark.parametrize("host", [None, "0.0.0.0"])
+def test_millstream_metrics_listens_on_loopback_unless_told_otherwise(
+    tmp_path: Path, host: str | None
+) -> None:
+    chosen = [] if host is None else ["--host", host]
+    command = [sys.executable, "-m", "millstream", "metrics", str(tmp_path), "--port", "0"]
+    server = subprocess.Popen(command + chosen, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        assert "/metrics" in line, line
+        port = int(line.rsplit(":", 1)[1].split("/")[0])
+        assert listening_hosts(port, server.pid) == {host or "127.0.0.1"}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
 
 
 WORKER = """

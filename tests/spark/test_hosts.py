@@ -30,7 +30,11 @@ class _TwoPartitions:
 
 
 def processor(
-    store: str = "fdb://", advertise_host: str | None = None, *, plaintext: bool = True
+    store: str = "fdb://",
+    advertise_host: str | None = None,
+    *,
+    plaintext: bool = True,
+    bind_host: str | None = None,
 ) -> ms.Processor:
     return ms.Processor(
         mapper=PreAggregate,
@@ -38,7 +42,9 @@ def processor(
         input=_TwoPartitions(),
         store=store,
         num_reducers=2,
-        tuning=ms.Tuning(advertise_host=advertise_host, plaintext_get_rows=plaintext),
+        tuning=ms.Tuning(
+            advertise_host=advertise_host, bind_host=bind_host, plaintext_get_rows=plaintext
+        ),
     )
 
 
@@ -119,3 +125,17 @@ def test_plaintext_get_rows_on_a_cluster_is_refused_unless_accepted() -> None:
     check_deployment(processor(plaintext=False), deployment("local[2]"))
     with_tls = Deployment(CLUSTER, False, "127.0.0.1", 7078, executor_tls=True)
     check_deployment(processor(plaintext=False), with_tls)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [deployment("local[2]"), deployment(single_host=True), deployment()],
+    ids=["local master", "single host", "cluster"],
+)
+def test_plaintext_beyond_loopback_is_refused_on_every_master(where: Deployment) -> None:
+    with pytest.raises(ConfigurationError, match=r"plaintext on '0\.0\.0\.0'.*plaintext_get_rows"):
+        check_deployment(processor(bind_host="0.0.0.0", plaintext=False), where)
+    check_deployment(processor(bind_host="0.0.0.0", plaintext=True), where)
+    check_deployment(processor(bind_host="127.0.0.1", plaintext=False), where)
+    tls = Deployment(where.master, where.single_host, "127.0.0.1", 7078, executor_tls=True)
+    check_deployment(processor(bind_host="0.0.0.0", plaintext=False), tls)

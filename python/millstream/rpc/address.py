@@ -5,6 +5,10 @@ reach: loopback when every worker runs on this machine (the local runner), the e
 own address on a cluster. The server *binds* the advertised address only, so a wrong
 advertised address fails loudly instead of working by accident, unless the user binds
 every interface (``Tuning.bind_host="0.0.0.0"``).
+
+Whoever reaches a mapper's port can send it GetRows requests, so every runner serves
+plaintext GetRows on loopback only: :func:`check_exposure` is the one rule they all apply
+(mutual TLS, or the user's explicit ``Tuning.plaintext_get_rows``, for any other address).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from millstream.exceptions import ConfigurationError
 from millstream.tuning import Tuning
 
 LOOPBACK = "127.0.0.1"
@@ -66,4 +71,44 @@ def mapper_address(tuning: Tuning, host: str = LOOPBACK) -> MapperAddress:
     return MapperAddress(bind=tuning.bind_host or advertise, advertise=advertise)
 
 
-__all__ = ["LOOPBACK", "MapperAddress", "host_port", "is_loopback", "mapper_address"]
+def check_exposure(bind: str | None, *, tls: bool, tuning: Tuning, where: str) -> None:
+    """Refuse plaintext GetRows on an address other hosts may reach.
+
+    A GetRows request makes a mapper drop rows from its window (it produces them again:
+    nothing is lost, but work is), so a mapper that listens beyond loopback needs mutual
+    TLS, or the user's word that the network is trusted (``Tuning.plaintext_get_rows``).
+    Every runner applies this rule: the local runner before it starts the workers, Spark's
+    on the driver, and every mapper before it listens.
+
+    Args:
+        bind: The host the GetRows server listens on; None: each executor's own address
+            on a cluster, not known yet (never loopback there).
+        tls: Mutual TLS is configured for GetRows.
+        tuning: ``plaintext_get_rows`` accepts plaintext anywhere.
+        where: Who would listen, for the message (e.g. ``"mapper 0"``).
+
+    Raises:
+        ConfigurationError: Plaintext on a non-loopback address, not accepted.
+    """
+    if tls or tuning.plaintext_get_rows or (bind is not None and is_loopback(bind)):
+        return
+    address = "each executor's own address" if bind is None else repr(bind)
+    raise ConfigurationError(
+        f"{where} would serve GetRows in plaintext on {address}, which other hosts may "
+        "reach: anyone who reaches the port could send a forged request (the mapper would "
+        "drop rows and have to produce them again). Configure mutual TLS "
+        "(Tuning.tls_ca_file, tls_cert_file and tls_key_file, or the environment's "
+        "MILLSTREAM_TLS_CA_FILE, _CERT_FILE and _KEY_FILE, through spark.executorEnv.* on "
+        "Spark; see the README, 'Securing GetRows'), or accept "
+        "plaintext on a trusted network with Tuning(plaintext_get_rows=True)."
+    )
+
+
+__all__ = [
+    "LOOPBACK",
+    "MapperAddress",
+    "check_exposure",
+    "host_port",
+    "is_loopback",
+    "mapper_address",
+]

@@ -28,6 +28,8 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.ledger import RunSummary, prepare_store, read_status, summarize
+from millstream.rpc.address import LOOPBACK, check_exposure, mapper_address
+from millstream.rpc.tls import tls_files
 from millstream.runner.forkserver import (
     IN_WORKER_ENV,
     WorkerContext,
@@ -269,6 +271,8 @@ class LocalRunner:
         out: Where progress goes.
         metrics_port: Serve Prometheus metrics of every worker and of the runner on this
             port (0: a free one, see ``metrics.port``) while the run lasts; None: none.
+        metrics_host: The address the metrics endpoint listens on: loopback by default,
+            ``"0.0.0.0"`` for every interface.
     """
 
     processor: Processor
@@ -276,6 +280,7 @@ class LocalRunner:
     instances: Mapping[tuple[str, int], int] = field(default_factory=dict)
     out: TextIO = sys.stderr
     metrics_port: int | None = None
+    metrics_host: str = LOOPBACK
     label: bool = False
     """Name the processor in progress lines (when several run side by side)."""
     rescaling: bool = False
@@ -328,7 +333,9 @@ class LocalRunner:
 
         Raises:
             ConfigurationError: Called inside a worker process: the processor's module
-                starts a run when it is imported.
+                starts a run when it is imported; or ``Tuning.bind_host`` opens GetRows
+                beyond loopback in plaintext (see
+                :func:`~millstream.rpc.address.check_exposure`).
         """
         if os.environ.get(IN_WORKER_ENV):
             raise ConfigurationError(
@@ -337,6 +344,9 @@ class LocalRunner:
                 'it. Start the run under `if __name__ == "__main__":`, or run that file '
                 "itself as the script (`python job.py`, `millstream run job.py:processor`)"
             )
+        t = self.processor.tuning
+        tls = tls_files(t) is not None
+        check_exposure(mapper_address(t).bind, tls=tls, tuning=t, where="the local mappers")
         start_fork_server(self.processor)
         store = self.processor.open_store()
         try:
@@ -350,12 +360,10 @@ class LocalRunner:
                 self.metrics_port,
                 lambda: dict(self.restarts_by_worker),
                 directory=os.environ.get(MULTIPROC_ENV) or None,
+                host=self.metrics_host,
             )
             if self.progress:
-                print(
-                    f"millstream: metrics on http://localhost:{self.metrics.port}/metrics",
-                    file=self.out,
-                )
+                print(f"millstream: metrics on {self.metrics.url}", file=self.out)
         self._started_at = time.monotonic()
         workers = [("mapper", m) for m in range(self.processor.num_mappers)] + [
             ("reducer", r) for r in range(self.processor.num_reducers)
@@ -710,6 +718,7 @@ def run_local(
     progress: bool = False,
     timeout: float | None = None,
     metrics_port: int | None = None,
+    metrics_host: str = LOOPBACK,
 ) -> RunSummary:
     """Run every worker of ``processor`` as a process on this machine until bounded inputs
     drain; returns the run's summary.
@@ -726,6 +735,10 @@ def run_local(
         timeout: Stop every worker and raise :class:`TimeoutError` if the input has not
             drained after this many seconds.
         metrics_port: Serve Prometheus metrics on this port (0: any free one).
+        metrics_host: The address the metrics listen on: loopback by default,
+            ``"0.0.0.0"`` for every interface.
     """
-    runner = LocalRunner(processor, progress=progress, metrics_port=metrics_port)
+    runner = LocalRunner(
+        processor, progress=progress, metrics_port=metrics_port, metrics_host=metrics_host
+    )
     return runner.run(timeout=timeout)

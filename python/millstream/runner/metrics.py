@@ -2,7 +2,8 @@
 
 Workers write their metrics into a ``prometheus_client`` multiprocess directory (see
 :mod:`millstream.workers.metrics`); this serves that directory and the runner's restart
-counts over HTTP at ``/metrics``.
+counts over HTTP at ``/metrics``, on loopback unless the user names another address
+(``metrics_host``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from millstream.exceptions import ConfigurationError
+from millstream.rpc.address import LOOPBACK, host_port, is_loopback
 from millstream.workers.metrics import MULTIPROC_ENV
 
 
@@ -44,7 +46,9 @@ class MetricsServer:
         restarts: The runner's restarts per worker, ``{(role, index): count}``.
         directory: The multiprocess directory; a fresh temporary one by default (removed
             on close).
-        host: Address to listen on.
+        host: Address to listen on: loopback by default (only this machine scrapes);
+            ``"0.0.0.0"`` (or ``"::"``) for every interface, or one of this host's
+            addresses.
     """
 
     def __init__(
@@ -53,7 +57,7 @@ class MetricsServer:
         restarts: Callable[[], Mapping[tuple[str, int], int]],
         *,
         directory: str | None = None,
-        host: str = "0.0.0.0",
+        host: str = LOOPBACK,
     ) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
         from prometheus_client.multiprocess import MultiProcessCollector
@@ -73,6 +77,15 @@ class MetricsServer:
             ) from exc
         self.port: int = self._server.server_port
         """The port actually listened on."""
+        self.host = host
+        """The address listened on."""
+
+    @property
+    def url(self) -> str:
+        """Where this machine scrapes the endpoint."""
+        every = self.host.strip("[]") in ("0.0.0.0", "::", "")
+        host = "localhost" if every or is_loopback(self.host) else self.host
+        return f"http://{host_port(host, self.port)}/metrics"
 
     @property
     def environ(self) -> dict[str, str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from millstream.exceptions import ConfigurationError
-from millstream.rpc.address import LOOPBACK, is_loopback
+from millstream.rpc.address import LOOPBACK, check_exposure, is_loopback, mapper_address
 from millstream.rpc.tls import ENV as TLS_ENV
 from millstream.state import parse_store_url
 
@@ -158,13 +158,23 @@ def check_deployment(processor: Processor, deployment: Deployment) -> None:
     """Refuse, on the driver, what works on one machine but silently breaks on several.
 
     Raises:
-        ConfigurationError: An SQLite store, a loopback ``Tuning.advertise_host`` or
-            plaintext GetRows on a non-local master that the user did not state
-            single-host.
+        ConfigurationError: An SQLite store or a loopback ``Tuning.advertise_host`` on a
+            non-local master that the user did not state single-host; plaintext GetRows
+            beyond loopback without ``Tuning.plaintext_get_rows`` on any master
+            (:func:`~millstream.rpc.address.check_exposure`).
     """
+    master = deployment.master
+    t = processor.tuning
+    tls = bool(t.tls_ca_file or deployment.executor_tls)
+    where = f"a mapper on the Spark master {master!r}"
+    if is_local_master(master) or t.bind_host or t.advertise_host:
+        tls = tls or (is_local_master(master) and bool(os.environ.get(TLS_ENV["tls_ca_file"])))
+        check_exposure(mapper_address(t).bind, tls=tls, tuning=t, where=where)
+    elif not deployment.single_host:
+        check_exposure(None, tls=tls, tuning=t, where=where)
+    # Executors on this host that advertise their own addresses check them themselves.
     if deployment.on_one_host:
         return
-    master = deployment.master
     if parse_store_url(processor.store).scheme == "sqlite":
         raise ConfigurationError(
             f"the embedded SQLite store {processor.store!r} on the non-local master "
@@ -183,16 +193,6 @@ def check_deployment(processor: Processor, deployment: Deployment) -> None:
                 "Leave Tuning.advertise_host unset (each executor then advertises its own "
                 "address) or set it to an address the other hosts reach",
             )
-        )
-    t = processor.tuning
-    if not (t.plaintext_get_rows or t.tls_ca_file or deployment.executor_tls):
-        raise ConfigurationError(
-            f"GetRows in plaintext on the non-local master {master!r}: anyone who reaches a "
-            "mapper's port could send it a forged request (it would drop rows and have to "
-            "produce them again). Configure mutual TLS (Tuning.tls_ca_file, tls_cert_file "
-            "and tls_key_file, or spark.executorEnv.MILLSTREAM_TLS_CA_FILE, _CERT_FILE and "
-            "_KEY_FILE; see the README, 'Securing GetRows'), or accept plaintext on a "
-            "trusted network with Tuning(plaintext_get_rows=True)."
         )
 
 

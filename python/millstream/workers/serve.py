@@ -13,7 +13,7 @@ from millstream.ledger import (
     check_processor_info,
     drained_key,
 )
-from millstream.rpc.address import LOOPBACK, host_port, mapper_address
+from millstream.rpc.address import LOOPBACK, check_exposure, host_port, mapper_address
 from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 from millstream.rpc.tls import TlsFiles, tls_files
@@ -58,7 +58,9 @@ def run_worker(
             this machine).
 
     Raises:
-        ConfigurationError: The store holds a processor with other counts or classes.
+        ConfigurationError: The store holds a processor with other counts or classes, or
+            a mapper would serve plaintext GetRows beyond loopback without
+            ``Tuning.plaintext_get_rows`` (:func:`~millstream.rpc.address.check_exposure`).
         UserCodeError: The user's ``map`` or ``reduce`` raised (``on_user_error="stop"``).
         MillstreamError: Other failures, with what to do.
     """
@@ -93,6 +95,7 @@ def _serve_mapper(
     (sharing the memory limit), one GetRows server for them all, a heartbeat each."""
     t = processor.tuning
     where = mapper_address(t, host)
+    check_exposure(where.bind, tls=tls is not None, tuning=t, where=f"mapper {index}")
     partitions = processor.partitions_of(index)
     share = max(1, t.memory_limit_bytes // len(partitions))
     workers = [

@@ -82,7 +82,7 @@ class SqliteStore(Store):
         """Taken by the process that merges runs (one at a time)."""
         self.merger = RunMerger(self._merge_runs)
         """Merges runs after the commits that made merges due."""
-        self.wakeups = Wakeups(path + "-watch")
+        self.wakeups = Wakeups(path + "-watch", database=path)
         """Waiters of keys (:meth:`wait_for`) and the wakes of committed writes."""
         self._lock = threading.Lock()
         self._pool: list[sqlite3.Connection] = []
