@@ -64,6 +64,31 @@ def _decode_index(raw: bytes | None, default: int = 0) -> int:
     return default if raw is None else decode_int64(raw)
 
 
+def _has_dictionary(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        return True
+    return any(_has_dictionary(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def check_storable(schema: pa.Schema, name: str) -> None:
+    """Refuse a schema whose rows the queue could store but not read back.
+
+    Chunks are stored as IPC record-batch messages without dictionary batches, so a
+    dictionary-encoded column (at any depth) would land and then fail every read.
+
+    Raises:
+        InputError: A column is dictionary-encoded.
+    """
+    for field in schema:
+        if _has_dictionary(field.type):
+            raise InputError(
+                f"queue {name!r}: column {field.name!r} is {field.type}, and the queue "
+                "stores rows without their dictionaries: decode it before appending "
+                f"(batch.column({field.name!r}).dictionary_decode(), or cast it to its "
+                "value type)"
+            )
+
+
 class StoreQueue:
     """A named, partitioned, unbounded queue of Arrow rows in a state store.
 
@@ -165,7 +190,8 @@ class StoreQueue:
             last piece's end).
 
         Raises:
-            InputError: The schema differs from the partition's, or the partition is sealed.
+            InputError: The schema differs from the partition's, the partition is sealed,
+                or a column is dictionary-encoded (:func:`check_storable`).
         """
         local = self._anonymous
         if not hasattr(local, "producer_id"):
@@ -207,6 +233,7 @@ class StoreQueue:
         so running it again after it landed appends nothing: it is retried even when its
         commit's outcome is unknown.
         """
+        check_storable(batch.schema, self._name)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         pieces: list[list[tuple[int, bytes]]] = [[]]
         piece_bytes = 0
@@ -288,9 +315,11 @@ class StoreQueue:
             ``(begin_row_index, end_row_index)`` of the appended rows.
 
         Raises:
-            InputError: The schema differs from the partition's, or the partition is sealed.
+            InputError: The schema differs from the partition's, the partition is sealed,
+                or a column is dictionary-encoded (:func:`check_storable`).
         """
         self._key(partition)
+        check_storable(batch.schema, self._name)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         chunks = [chunk for whole in batches for chunk in self._chunks(whole)]
         schema_ipc = batch.schema.serialize().to_pybytes()
