@@ -241,12 +241,19 @@ SPILL_COLUMNS: dict[str, Callable[[np.random.Generator, int], pa.Array]] = {
     "float32": lambda rng, n: pa.array(
         np.where(rng.random(n) < 0.2, np.nan, rng.standard_normal(n)).astype(np.float32)
     ),
-    "string": lambda rng, n: pa.array([None if i % 5 == 0 else "é" * (i % 7) for i in range(n)]),
-    "binary": lambda rng, n: pa.array(
-        [bytes(rng.integers(0, 255, i % 40, dtype=np.uint8)) for i in range(n)]
+    "string": lambda rng, n: pa.array(
+        [None if i % 5 == 0 else "é" * (i % 7) for i in range(n)], pa.string()
     ),
-    "list": lambda rng, n: pa.array([list(range(i % 4)) if i % 3 else None for i in range(n)]),
-    "struct": lambda rng, n: pa.array([{"a": i, "b": str(i)} for i in range(n)]),
+    "binary": lambda rng, n: pa.array(
+        [bytes(rng.integers(0, 255, i % 40, dtype=np.uint8)) for i in range(n)], pa.binary()
+    ),
+    "list": lambda rng, n: pa.array(
+        [list(range(i % 4)) if i % 3 else None for i in range(n)], pa.list_(pa.int64())
+    ),
+    "struct": lambda rng, n: pa.array(
+        [{"a": i, "b": str(i)} for i in range(n)],
+        pa.struct([("a", pa.int64()), ("b", pa.string())]),
+    ),
     "timestamp": lambda rng, n: pa.array(rng.integers(0, 2**62, n), pa.timestamp("ns", tz="UTC")),
     "decimal": lambda rng, n: pa.array(rng.integers(-(10**9), 10**9, n)).cast(pa.decimal128(22, 2)),
     "dictionary": lambda rng, n: pa.array([str(i % 3) for i in range(n)]).dictionary_encode(),
