@@ -26,6 +26,14 @@ GLOBAL_KEY = "key"
 _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 
 
+def _is_key_type(kind: pa.DataType) -> bool:
+    """Key types the windows group, sort, route and store (as tuple-key elements)."""
+    return bool(
+        pa.types.is_integer(kind)
+        or kind in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
+    )
+
+
 @dataclass(frozen=True)
 class Plan:
     """The partial columns of an aggregation and how each merges.
@@ -99,8 +107,9 @@ def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, in
     time column's type.
 
     Raises:
-        ConfigurationError: A column is missing, or an aggregated column has nulls or a
-            type whose partials the store cannot keep exactly (:func:`value_type_error`).
+        ConfigurationError: A column is missing, the key column is not an integer, string
+            or binary, or an aggregated column has nulls or a type whose partials the store
+            cannot keep exactly (:func:`value_type_error`).
     """
     missing = [
         c
@@ -120,6 +129,13 @@ def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, in
     if windows.key is None:
         columns[plan.key] = np.zeros(len(rows), dtype=np.int64)
     else:
+        key_type = table.schema.field(windows.key).type
+        if not _is_key_type(key_type):
+            raise ConfigurationError(
+                f"the key column {windows.key!r} is {key_type}: window keys are integers, "
+                "strings or binaries (string, large_string, binary, large_binary); cast it "
+                "in WindowMapper.prepare()"
+            )
         columns[plan.key] = table[windows.key].take(picked)
     aggregations: list[tuple[str | list[str], str]] = []
     for name, source, function in plan.partials:

@@ -34,7 +34,8 @@ class Windows:
     Args:
         time: The event-time column: int64 (ticks of your choice, e.g. epoch
             milliseconds) or a timestamp.
-        key: The key column (int64 or string); ``None``: one global key.
+        key: The key column (integers, string, large_string, binary or large_binary);
+            ``None``: one global key.
         size: The window's length.
         slide: Sliding windows start every ``slide`` (which divides ``size``); None:
             tumbling windows.

@@ -350,3 +350,19 @@ def test_stored_partials_keep_their_schema_through_read(tmp_path: Path) -> None:
     store.close()
     assert back.schema == partials.schema
     assert back.sort_by("window_start").to_pylist() == partials.sort_by("window_start").to_pylist()
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [pa.array(["a", "b"]).dictionary_encode(), pa.array(["a", "b"], pa.string_view())],
+    ids=["dictionary", "string_view"],
+)
+def test_a_key_type_the_windows_cannot_group_and_store_is_refused(keys: pa.Array) -> None:
+    """On the mapper's first batch, not later in a reducer (these failed in Arrow's
+    sort or take, with an error that named neither the column nor a fix)."""
+    windows = ms.windows.Windows(
+        time="ts", key="key", size=SIZE, aggregates={"n": (None, "count")}, output="w"
+    )
+    table = pa.table({"ts": pa.array([0, 1], pa.int64()), "key": keys})
+    with pytest.raises(ConfigurationError, match=r"key column 'key' is .*cast it"):
+        _mapped(windows, table)
