@@ -14,7 +14,8 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 
 from millstream.exceptions import CommitUnknownResultError, ConfigurationError
-from millstream.inputs.store_queue import StoreQueue, check_storable
+from millstream.inputs.storable import check_storable
+from millstream.inputs.store_queue import StoreQueue
 from millstream.outputs.parquet_sink import ParquetSink, StagedFile
 from millstream.state.base import StoreTransaction
 
