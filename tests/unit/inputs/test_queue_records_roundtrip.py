@@ -100,7 +100,10 @@ TYPES: dict[str, tuple[st.SearchStrategy[Any], Callable[[list[Any]], pa.Array]]]
         _direct(pa.map_(pa.string(), pa.int64())),
     ),
     "null": (st.none(), _direct(pa.null())),
-    "dictionary": (st.text(max_size=3), lambda values: pa.array(values).dictionary_encode()),
+    "dictionary": (
+        st.text(max_size=3),
+        lambda values: pa.array(values, pa.string()).dictionary_encode(),
+    ),
 }
 """Every Arrow type a queue accepts (and dictionaries, which it refuses), with a strategy
 for one value and how to build it."""

@@ -56,7 +56,10 @@ COLUMNS: dict[str, tuple[st.SearchStrategy[Any], Callable[[list[Any]], pa.Array]
         st.fixed_dictionaries({"a": st.text(max_size=3)}),
         _direct(pa.struct([("a", pa.string())])),
     ),
-    "dictionary": (st.text(max_size=2), lambda values: pa.array(values).dictionary_encode()),
+    "dictionary": (
+        st.text(max_size=2),
+        lambda values: pa.array(values, pa.string()).dictionary_encode(),
+    ),
 }
 
 PARQUET_TYPES = {
