@@ -35,6 +35,7 @@ from millstream.exceptions import (
     StoreError,
 )
 from millstream.inputs.base import ReadResult
+from millstream.inputs.storable import check_storable
 from millstream.ledger import QUEUES
 from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import Key, decode_int64, encode_int64, pack, unpack
@@ -165,7 +166,8 @@ class StoreQueue:
             last piece's end).
 
         Raises:
-            InputError: The schema differs from the partition's, or the partition is sealed.
+            InputError: The schema differs from the partition's, the partition is sealed,
+                or a column is dictionary-encoded (:func:`check_storable`).
         """
         local = self._anonymous
         if not hasattr(local, "producer_id"):
@@ -207,6 +209,7 @@ class StoreQueue:
         so running it again after it landed appends nothing: it is retried even when its
         commit's outcome is unknown.
         """
+        check_storable(batch.schema, self._name)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         pieces: list[list[tuple[int, bytes]]] = [[]]
         piece_bytes = 0
@@ -288,9 +291,11 @@ class StoreQueue:
             ``(begin_row_index, end_row_index)`` of the appended rows.
 
         Raises:
-            InputError: The schema differs from the partition's, or the partition is sealed.
+            InputError: The schema differs from the partition's, the partition is sealed,
+                or a column is dictionary-encoded (:func:`check_storable`).
         """
         self._key(partition)
+        check_storable(batch.schema, self._name)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         chunks = [chunk for whole in batches for chunk in self._chunks(whole)]
         schema_ipc = batch.schema.serialize().to_pybytes()

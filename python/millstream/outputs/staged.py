@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 
 from millstream.exceptions import CommitUnknownResultError, ConfigurationError
+from millstream.inputs.storable import check_storable
 from millstream.inputs.store_queue import StoreQueue
 from millstream.outputs.parquet_sink import ParquetSink, StagedFile
 from millstream.state.base import StoreTransaction
@@ -111,6 +112,7 @@ class StagedOutputs:
                 f"partition {partition} out of range for queue {target.name!r} with "
                 f"{target.num_partitions} partitions"
             )
+        check_storable(rows.schema, target.name)
         if rows.num_rows:
             self._appends.append((target, partition, rows))
 
