@@ -35,8 +35,8 @@ os.environ.setdefault("MILLSTREAM_EXAMPLE_DIR", tempfile.mkdtemp(prefix="millstr
 # -- FoundationDB ------------------------------------------------------------------------
 # One cluster per session, from $MILLSTREAM_FDB_HOME (default ../shared/fdb beside the
 # repository) or the standard install paths; tests marked ``fdb`` use it through
-# ``fdb_cluster`` / ``fdb_url``. Without binaries they skip with one reason; with
-# MILLSTREAM_REQUIRE_FDB=1 (CI) a skipped ``fdb`` test fails instead.
+# ``fdb_url`` (or start their own from ``fdb_binaries``). Without binaries they skip with
+# one reason; with MILLSTREAM_REQUIRE_FDB=1 (CI) a skipped ``fdb`` test fails instead.
 
 FDB_BINARIES, FDB_MISSING = find_binaries(ROOT)
 EXTERNAL_CLUSTER_FILE = os.environ.get("MILLSTREAM_FDB_CLUSTER_FILE")
