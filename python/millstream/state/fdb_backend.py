@@ -108,10 +108,12 @@ RETRYABLE_NOT_COMMITTED = frozenset(
 _INT64 = struct.Struct("<q")
 _ONE = struct.pack("<q", 1)
 WAKE_SUBSPACE = b"wake-on-commit"
-"""Under a store's prefix, ``(WAKE_SUBSPACE, key)`` counts the commits that named ``key``
-with :meth:`~millstream.state.base.StoreTransaction.wake_on_commit`: a watch fires only when
-a value changes, and such a commit may leave ``key`` itself unchanged (a queue's seal wakes
-the readers watching its end row index)."""
+"""``(WAKE_SUBSPACE, key)`` (``key`` packed with its store's prefix, so that a transaction
+seen under another prefix wakes the same waiters) counts the commits that named ``key`` with
+:meth:`~millstream.state.base.StoreTransaction.wake_on_commit`: a watch fires only when a
+value changes, and such a commit may leave ``key`` itself unchanged (a queue's seal wakes the
+readers watching its end row index). A bytes element, outside every store's prefix (whose
+elements are strings): one small counter per watched key, left when a store is cleared."""
 _load_lock = threading.Lock()
 _loaded_pid: int | None = None
 
@@ -352,10 +354,10 @@ def store_error(code: int, description: str, where: str, *, retryable: bool = Fa
     return StoreError(text)
 
 
-def wake_key(prefix: bytes, key: bytes) -> bytes:
-    """The counter a commit that wakes the waiters of ``key`` (packed) adds to; see
-    :data:`WAKE_SUBSPACE`."""
-    return prefix + pack((WAKE_SUBSPACE, key))
+def wake_key(key: bytes) -> bytes:
+    """The counter a commit that wakes the waiters of ``key`` (packed, with its store's
+    prefix) adds to; see :data:`WAKE_SUBSPACE`."""
+    return pack((WAKE_SUBSPACE, key))
 
 
 class FdbTransaction(StoreTransaction):
@@ -442,7 +444,7 @@ class FdbTransaction(StoreTransaction):
 
     def _raw_wake(self, key: bytes) -> None:
         with self._errors("wake_on_commit"):
-            self._tr.add(wake_key(self.store.prefix_bytes, key), _ONE)
+            self._tr.add(wake_key(key), _ONE)
 
     def _raw_commit(self) -> None:
         with self._errors("commit"):
@@ -523,7 +525,7 @@ class FdbStore(Store):
             value = tr.snapshot.get(raw).wait().value
             if until(value):
                 return
-            watches = [tr.watch(raw), tr.watch(wake_key(self.prefix_bytes, raw))]
+            watches = [tr.watch(raw), tr.watch(wake_key(raw))]
             tr.commit().wait()
             fired = threading.Event()
             for watch in watches:
