@@ -15,7 +15,6 @@ lag tools (when ``group_id`` is set); they are never read back.
 
 from __future__ import annotations
 
-import collections
 import logging
 import struct
 from collections.abc import Mapping, Sequence
@@ -265,8 +264,9 @@ class KafkaPartitionReader:
         self._consumer = source.consumer()
         self._schema = source.schema
         self._end = None if source.end_offsets is None else source.end_offsets[partition]
-        self._buffer: collections.deque[Any] = collections.deque()
-        """Records fetched but not returned yet, in offset order."""
+        self._buffer: list[Any] = []
+        """Records fetched, in offset order; those from ``_head`` on are not returned yet."""
+        self._head = 0
         self._position: int | None = None
         """The next offset the consumer delivers (after the buffer); None: not assigned."""
         try:
@@ -293,12 +293,12 @@ class KafkaPartitionReader:
 
     def _cursor(self) -> int | None:
         """The next offset this reader hands out."""
-        if self._buffer:
-            return int(self._buffer[0].offset())
+        if self._head < len(self._buffer):
+            return int(self._buffer[self._head].offset())
         return self._position
 
     def _seek(self, offset: int) -> None:
-        self._buffer.clear()
+        self._buffer, self._head = [], 0
         tp = self._kafka.TopicPartition(self._source.topic, self._partition, offset)
         if self._position is not None:
             self._consumer.unassign()
@@ -312,6 +312,20 @@ class KafkaPartitionReader:
         """Move up to ``count`` records from the consumer into the buffer; returns whether
         the partition's end (as known now) was reached."""
         messages = self._consumer.consume(count, timeout)
+        if self._head >= len(self._buffer):
+            self._buffer, self._head = [], 0
+        if not messages:
+            return False
+        last = messages[-1]
+        # The usual case, records only and none past the end, needs no step per record.
+        if (
+            last.error() is None
+            and not self._finished(int(last.offset() or 0))
+            and not any(m.error() is not None for m in messages)
+        ):
+            self._buffer.extend(messages)
+            self._position = int(last.offset() or 0) + 1
+            return False
         at_end = False
         for message in messages:
             error = message.error()
@@ -367,15 +381,17 @@ class KafkaPartitionReader:
         want = max(1, end_row_index_hint - begin_row_index)
         taken: list[Any] = []
         while len(taken) < want:
-            while self._buffer and len(taken) < want:
-                taken.append(self._buffer.popleft())
+            if self._head < len(self._buffer):
+                piece = self._buffer[self._head : self._head + want - len(taken)]
+                self._head += len(piece)
+                taken.extend(piece)
             if len(taken) >= want or self._finished(self._cursor() or 0):
                 break
             # What is queued now, at once; wait a little only when nothing was taken yet.
             at_end = self._fetch(min(FETCH_MESSAGES, want - len(taken)), 0)
-            if not self._buffer and not at_end and not taken:
+            if self._head >= len(self._buffer) and not at_end and not taken:
                 at_end = self._fetch(min(FETCH_MESSAGES, want), FETCH_WAIT_SECONDS)
-            if not self._buffer:
+            if self._head >= len(self._buffer):
                 break
         cursor = self._cursor()
         assert cursor is not None
@@ -386,19 +402,17 @@ class KafkaPartitionReader:
         return ReadResult(self._batch(taken), token, ended)
 
     def _batch(self, messages: Sequence[Any]) -> pa.RecordBatch:
-        keys: list[bytes | None] = []
-        values: list[bytes | None] = []
-        timestamps: list[int | None] = []
-        headers: list[list[dict[str, Any]] | None] = []
-        offsets: list[int] = []
-        for m in messages:
-            keys.append(m.key())
-            values.append(m.value())
-            kind, ts = m.timestamp()
-            timestamps.append(ts if kind else None)
-            h = m.headers()
-            headers.append(None if h is None else [{"key": k, "value": v} for k, v in h])
-            offsets.append(m.offset())
+        keys = [m.key() for m in messages]
+        values = [m.value() for m in messages]
+        stamps = [m.timestamp() for m in messages]
+        timestamps = [ts if kind else None for kind, ts in stamps]
+        raw_headers = [m.headers() for m in messages]
+        headers: list[list[dict[str, Any]] | None] = (
+            [None if h is None else [{"key": k, "value": v} for k, v in h] for h in raw_headers]
+            if any(h is not None for h in raw_headers)
+            else [None] * len(messages)
+        )
+        offsets = [m.offset() for m in messages]
         try:
             value = self._source.value.decode(values)
         except ValueDecodeError as exc:
@@ -428,7 +442,7 @@ class KafkaPartitionReader:
     def wait_for_rows(self, begin_row_index: int, timeout_seconds: float) -> None:
         """Wait until a record is queued after the reader's position, at most
         ``timeout_seconds`` (see :class:`~millstream.inputs.base.WaitingReader`)."""
-        if self._buffer or self._position is None:
+        if self._head < len(self._buffer) or self._position is None:
             return
         cursor = self._cursor()
         if cursor is not None and self._finished(cursor):
