@@ -95,7 +95,10 @@ def test_aborted_transactions_are_ignored(kafka_bootstrap: str, tmp_path: Path) 
     topic = ms.inputs.KafkaTopic(kafka_bootstrap, name, bounded=True)
     # Batches of 100 rows: reads resume after the gaps many times.
     processor = _processor(
-        topic, tmp_path / "state.db", mapper=PassRecordsMapper, reducer=OffsetsReducer,
+        topic,
+        tmp_path / "state.db",
+        mapper=PassRecordsMapper,
+        reducer=OffsetsReducer,
         batch_rows=100,
     )
     summary = LocalRunner(processor).run(timeout=120)
