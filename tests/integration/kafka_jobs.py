@@ -95,3 +95,22 @@ def fill_keyed(
 def exact(sums: Counter[int]) -> dict[Any, int]:
     """The sums as the store holds them (keys whose sum is 0 are still written)."""
     return dict(sums)
+
+
+class SumsToKafkaQueueReducer(ms.Reducer):
+    """Sums ``value`` per ``key`` within the batch and appends the sums, as records (key:
+    the key as text, value: two little-endian int64s), to the queue ``config["queue"]``."""
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        sums = pa.Table.from_batches([batch]).group_by("key", use_threads=False)
+        table = sums.aggregate([("value", "sum")])
+        keys = table["key"].to_numpy()
+        values = table["value_sum"].to_numpy()
+        packed = np.stack([keys, values], axis=1).astype("<i8")
+        records = pa.table(
+            {
+                "key": [str(k).encode() for k in keys.tolist()],
+                "value": [row.tobytes() for row in packed],
+            }
+        )
+        txn.append(self.config["queue"], records)
