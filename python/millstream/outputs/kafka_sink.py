@@ -214,12 +214,17 @@ class KafkaPublisher:
                 except BufferError:
                     self._producer.poll(0.05)
 
-    def run(self, stop: threading.Event | None = None, idle_seconds: float = 0.05) -> int:
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        idle_seconds: float = 0.05,
+        rows_per_transaction: int = PUBLISH_ROWS,
+    ) -> int:
         """Publish until the queue partition is sealed and every row published, or
         ``stop`` is set. Returns the rows this instance published."""
         stop = stop or threading.Event()
         while not stop.is_set():
-            if self.publish_once():
+            if self.publish_once(rows_per_transaction):
                 continue
             if self.queue.is_sealed(self.partition) and self.next_row >= self.queue.end_row_index(
                 self.partition
