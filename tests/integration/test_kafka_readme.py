@@ -24,7 +24,7 @@ FILES = ("produce.py", "payments.py")
 def _section_blocks() -> list[tuple[str, str]]:
     text = (ROOT / "README.md").read_text()
     start = text.index(SECTION)
-    end = text.index("\n## ", start + len(SECTION))
+    end = text.index("\n### ", start + len(SECTION))  # the writing half is a fragment
     first, last = text.count("\n", 0, start), text.count("\n", 0, end)
     return [(e.lang, e.code) for e in examples(ROOT / "README.md") if first <= e.line <= last]
 
