@@ -42,44 +42,44 @@ def _noida() -> str:
     return path
 
 
-@contextmanager
-def noida_broker(timeout: float = 30.0) -> Iterator[str]:
-    """Start a noida-db Kafka broker; yields its bootstrap address; stops it after."""
-    directory = tempfile.mkdtemp(prefix="millstream-kafka-")
-    port = _free_port()
-    log = open(Path(directory) / "broker.log", "wb")  # noqa: SIM115 (closed below)
-    process = subprocess.Popen(
-        [
-            _noida(),
-            "start",
-            "--only",
-            "kafka",
-            "--kafka-port",
-            str(port),
-            "--data-dir",
-            str(Path(directory) / "data"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
+class NoidaBroker:
+    """A noida-db Kafka broker on a free loopback port, its data in a temporary directory;
+    :meth:`stop` and :meth:`start` restart it on the same port with the same data."""
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="millstream-kafka-"))
+        self.port = _free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log = (self.directory / "broker.log").open("ab")
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the broker; return once it accepts connections."""
+        data = str(self.directory / "data")
+        command = ["start", "--only", "kafka", "--kafka-port", str(self.port), "--data-dir", data]
+        self._process = subprocess.Popen(
+            [_noida(), *command], stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while True:
-            if process.poll() is not None:
+            if self._process.poll() is not None:
+                log = (self.directory / "broker.log").read_text(errors="replace")
                 raise RuntimeError(
-                    f"noida-db exited with {process.returncode}: "
-                    f"{(Path(directory) / 'broker.log').read_text()[-2000:]}"
+                    f"noida-db exited with {self._process.returncode}: {log[-2000:]}"
                 )
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"noida-db did not listen on port {port}") from None
+                    raise RuntimeError(f"noida-db did not listen on port {self.port}") from None
                 time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
-    finally:
+
+    def stop(self) -> None:
+        """Stop the broker as Ctrl-C does (it saves its data), killing it if it hangs."""
+        process, self._process = self._process, None
+        if process is None:
+            return
         for sig in (signal.SIGINT, signal.SIGKILL):
             try:
                 os.killpg(process.pid, sig)
@@ -91,8 +91,23 @@ def noida_broker(timeout: float = 30.0) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 continue
         process.wait()
-        log.close()
-        shutil.rmtree(directory, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the broker and delete its data."""
+        self.stop()
+        self._log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextmanager
+def noida_broker() -> Iterator[NoidaBroker]:
+    """A started :class:`NoidaBroker`, stopped and deleted after."""
+    broker = NoidaBroker()
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.close()
 
 
 def new_topic(bootstrap: str, partitions: int, prefix: str = "t") -> str:
@@ -164,5 +179,5 @@ def kafka_bootstrap_address() -> Iterator[str]:
     if given:
         yield given
         return
-    with noida_broker() as bootstrap:
-        yield bootstrap
+    with noida_broker() as broker:
+        yield broker.bootstrap

@@ -6,6 +6,8 @@ mapper that resumed from a row count instead of the next offset would read other
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 from chaos import RandomKiller
 from jobs import KeyedSumReducer, read_output, tuning
-from kafka_broker import new_topic, produce
+from kafka_broker import BOOTSTRAP_VARIABLE, new_topic, noida_broker, produce
 from kafka_jobs import PackedKeyedSumMapper, fill_keyed
 from millstream.runner.local import LocalRunner
 
@@ -71,3 +73,33 @@ def test_kill_9_reading_a_topic_is_exact(kafka_bootstrap: str, tmp_path: Path, s
     assert read_output(processor, "sum") == dict(sums)
     assert summary.rows_read == CHUNKS * CHUNK_ROWS
     print(f"seed {seed}: killed {killer.kills}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    bool(os.environ.get(BOOTSTRAP_VARIABLE)), reason="restarts a broker of its own (noida-db)"
+)
+def test_a_broker_restart_while_reading_is_exact(tmp_path: Path) -> None:
+    with noida_broker() as broker:
+        name = new_topic(broker.bootstrap, 2)
+        sums = _fill_with_aborted_transactions(broker.bootstrap, name)
+        processor = ms.Processor(
+            mapper=PackedKeyedSumMapper,
+            reducer=KeyedSumReducer,
+            input=ms.inputs.KafkaTopic(broker.bootstrap, name, bounded=True),
+            store=f"sqlite:///{tmp_path / 'state.db'}",
+            num_reducers=2,
+            config={"map_seconds": 0.25},
+            tuning=tuning(batch_rows=2_000, restart=ms.RestartStrategy(max_restarts=1_000)),
+        )
+        runner = LocalRunner(processor)
+        runner.start()
+        while not read_output(processor, "sum"):  # stop the broker with work under way
+            time.sleep(0.05)
+        assert runner.pids()
+        broker.stop()
+        time.sleep(1.0)
+        broker.start()
+        summary = runner.wait(timeout=300)
+    assert read_output(processor, "sum") == dict(sums)
+    assert summary.rows_read == CHUNKS * CHUNK_ROWS

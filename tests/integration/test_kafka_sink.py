@@ -10,9 +10,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import millstream as ms
+import numpy as np
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -60,6 +62,17 @@ def _committed_values(bootstrap: str, topic: str) -> Counter[bytes]:
     return seen
 
 
+@pytest.fixture
+def publishers() -> Iterator[dict[int, subprocess.Popen[bytes]]]:
+    """The publisher processes of a test, by queue partition; killed if left running."""
+    running: dict[int, subprocess.Popen[bytes]] = {}
+    yield running
+    for process in running.values():
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
 def _expected(rows: int, partitions: int = 2) -> Counter[bytes]:
     return Counter(f"{p}-{i}".encode() for p in range(partitions) for i in range(rows))
 
@@ -100,7 +113,9 @@ publisher.close()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
-def test_kill_9_publishers_every_row_once(kafka_bootstrap: str, tmp_path: Path, seed: int) -> None:
+def test_kill_9_publishers_every_row_once(
+    kafka_bootstrap: str, tmp_path: Path, seed: int, publishers: dict[int, subprocess.Popen[bytes]]
+) -> None:
     topic = new_topic(kafka_bootstrap, 3)
     rows = 30_000
     _fill_queue(tmp_path / "state.db", "out", rows)
@@ -111,7 +126,7 @@ def test_kill_9_publishers_every_row_once(kafka_bootstrap: str, tmp_path: Path, 
         args = [str(tmp_path / "state.db"), "out", str(partition), kafka_bootstrap, topic]
         return subprocess.Popen([sys.executable, "-c", PUBLISHER, *args], env=env)
 
-    publishers = {p: start(p) for p in range(2)}
+    publishers.update({p: start(p) for p in range(2)})
     kills = 0
     deadline = time.monotonic() + 180
     while publishers and time.monotonic() < deadline:
@@ -132,8 +147,9 @@ def test_kill_9_publishers_every_row_once(kafka_bootstrap: str, tmp_path: Path, 
 
 
 @pytest.mark.slow
-def test_kafka_to_kafka_under_kill_9(kafka_bootstrap: str, tmp_path: Path) -> None:
-    import numpy as np
+def test_kafka_to_kafka_under_kill_9(
+    kafka_bootstrap: str, tmp_path: Path, publishers: dict[int, subprocess.Popen[bytes]]
+) -> None:
     from chaos import RandomKiller
     from jobs import tuning
     from kafka_jobs import PackedKeyedSumMapper, SumsToKafkaQueueReducer, fill_keyed
@@ -165,7 +181,7 @@ def test_kafka_to_kafka_under_kill_9(kafka_bootstrap: str, tmp_path: Path) -> No
         args = [str(tmp_path / "state.db"), "out", str(partition), kafka_bootstrap, sink]
         return subprocess.Popen([sys.executable, "-c", PUBLISHER, *args], env=env)
 
-    publishers = {p: start(p) for p in range(2)}
+    publishers.update({p: start(p) for p in range(2)})
     rng = random.Random(3)
     runner = LocalRunner(processor)
     runner.start()

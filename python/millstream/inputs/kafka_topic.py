@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from millstream.exceptions import ConfigurationError, InputError
+from millstream.exceptions import ConfigurationError, InputError, MillstreamError
 from millstream.inputs.base import ReadResult
 from millstream.inputs.kafka_decoders import RawBytes, ValueDecodeError, ValueDecoder
 
@@ -271,9 +271,10 @@ class KafkaPartitionReader:
         """The next offset the consumer delivers (after the buffer); None: not assigned."""
         try:
             count = source._current_partition_count(self._consumer)
-        except Exception:
+        except ConfigurationError as exc:
             self._consumer.close()
-            raise
+            # The brokers may be down for a while (a restart): the worker is restarted.
+            raise MillstreamError(f"{self._where()}: {exc}") from exc
         if count != source.partition_count:
             self._consumer.close()
             raise ConfigurationError(
