@@ -4,13 +4,17 @@ A test takes ``state_url`` (a SQLite file under its ``tmp_path`` by default) and
 FoundationDB too when parametrised with ``stores.ON_FDB`` (``indirect=["state_url"]``): the
 session's cluster (``fdb_url`` in ``tests/conftest.py``), emptied before the test, so that
 processors named alike in different tests never meet.
+
+The Kafka tests take ``kafka_bootstrap``: a broker for the session (see ``kafka_broker``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kafka_broker import kafka_bootstrap_address
 from millstream.state import open_store
 
 
@@ -27,3 +31,10 @@ def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     finally:
         store.close()
     return url
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A Kafka broker's bootstrap address for the whole session (see kafka_broker)."""
+    with kafka_bootstrap_address() as bootstrap:
+        yield bootstrap
