@@ -111,10 +111,18 @@ class InProcessTransport:
     Args:
         handlers: Address -> handler, shared with the caller (changes to it are seen);
             a new empty mapping by default.
+        max_response_bytes: The byte cap of one answer, as a gRPC server's
+            (``Tuning.get_rows_max_bytes``); None: only the caller's.
     """
 
-    def __init__(self, handlers: MutableMapping[str, RowsHandler] | None = None) -> None:
+    def __init__(
+        self,
+        handlers: MutableMapping[str, RowsHandler] | None = None,
+        *,
+        max_response_bytes: int | None = None,
+    ) -> None:
         self._handlers: MutableMapping[str, RowsHandler] = {} if handlers is None else handlers
+        self._max_response_bytes = max_response_bytes
         self._prefetched: dict[tuple[int, str, str, int], tuple[GetRowsCall, object]] = {}
 
     def bind(self, address: str, handler: RowsHandler) -> None:
@@ -150,6 +158,7 @@ class InProcessTransport:
             after_row_index=call.after_row_index,
             shuffle_indices=call.shuffle_indices,
             gather_rows=call.gather_rows,
+            max_response_bytes=self._max_response_bytes,
         )
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:

@@ -43,6 +43,9 @@ def route(handlers: RowsHandler | Mapping[str, RowsHandler], mapper_id: str) -> 
     return handler
 
 
+_NO_CAP = 2**63 - 1
+
+
 def _always() -> bool:
     return True
 
@@ -78,15 +81,18 @@ def serve_get_rows(
             :data:`MAX_WAIT_SECONDS`; 0 in process, where a call is never held).
         gather_rows: Hold the call while a backlog of this many rows gathers.
         start_in_seconds: Acknowledge now, answer no sooner than this.
-        max_response_bytes: The server's byte cap (None: the caller's cap only).
+        max_response_bytes: The server's byte cap (None: none, in process).
         is_active: Whether the caller still waits for the answer.
 
     Raises:
         StaleMapperError: ``mapper_id`` is not the instance's GUID.
         CommittedIndexError: The committed index went backwards or is invalid.
+        ValueError: Another argument is out of range (a reducer index, a byte cap).
     """
-    if max_response_bytes is not None:
-        max_bytes = min(max_bytes or max_response_bytes, max_response_bytes)
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0 (0: the server's cap), got {max_bytes}")
+    cap = _NO_CAP if max_response_bytes is None else max_response_bytes
+    max_bytes = min(max_bytes or cap, cap)
     wait = max(0.0, wait_seconds) if max_rows > 0 else 0.0
     start_in = min(max(0.0, start_in_seconds), MAX_WAIT_SECONDS) if max_rows > 0 else 0.0
     start = time.monotonic() + start_in

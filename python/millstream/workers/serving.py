@@ -132,19 +132,24 @@ class WindowService:
         Raises:
             StaleMapperError: ``mapper_id`` is not this instance's GUID (the message names
                 no instance: the GUID is what lets a caller in).
+            ValueError: ``reducer_index`` is not a reducer of the processor.
         """
         if mapper_id != self.guid:
             raise StaleMapperError(
                 f"GetRows for mapper {self.index} named an instance that does not serve it: "
                 "the caller's discovery entry is stale; refresh discovery"
             )
+        if not 0 <= reducer_index < self._num_reducers:
+            raise ValueError(
+                f"GetRows for reducer {reducer_index}: mapper {self.index} serves reducers 0 "
+                f"to {self._num_reducers - 1}; the caller is not a reducer of this processor"
+            )
         state = self._serving  # one state: the claim goes with the window it pops
         window = state.window
         if window is None:
             return 0, committed_row_index, b""
-        if 0 <= reducer_index < self._num_reducers:
-            state.claims.record(reducer_index, committed_row_index)
-            self._last_call[reducer_index] = self.clock.now()
+        state.claims.record(reducer_index, committed_row_index)
+        self._last_call[reducer_index] = self.clock.now()
         return window.get_rows(
             reducer_index,
             committed_row_index,
