@@ -23,12 +23,16 @@ range, an add of another width) first folds every run into the table
 key.
 
 A run is written in its committing transaction, with the rest of the commit: all or
-nothing, as the commit itself; a merge or fold changes no key's value.
+nothing, as the commit itself; a merge or fold changes no key's value. A run's row also
+holds a digest of its data: the decoded runs a process keeps (:class:`RunCache`) are
+checked against it, and a write transaction never puts the runs it wrote there (until it
+commits they are not the table's: a rolled-back id is given to the next run committed).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import math
 import os
 import sqlite3
@@ -70,12 +74,15 @@ MAX_RUNS = 64
 SQL_CREATE_RUNS = (
     "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
     "ord INTEGER NOT NULL, lo BLOB NOT NULL, hi BLOB NOT NULL, width INTEGER NOT NULL, "
-    "entries INTEGER NOT NULL, data BLOB NOT NULL)"
+    "entries INTEGER NOT NULL, data BLOB NOT NULL, digest BLOB)"
 )
-SQL_LIST_RUNS = "SELECT id, ord, lo, hi, width, entries FROM runs ORDER BY ord"
+SQL_ADD_RUN_DIGEST = "ALTER TABLE runs ADD COLUMN digest BLOB"
+"""Schema version 4: runs carry :func:`run_digest` of their data (NULL: written before)."""
+SQL_LIST_RUNS = "SELECT id, ord, lo, hi, width, entries, digest FROM runs ORDER BY ord"
 SQL_RUN_DATA = "SELECT data FROM runs WHERE id = ?"
 SQL_INSERT_RUN = (
-    "INSERT INTO runs (ord, lo, hi, width, entries, data) VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+    "INSERT INTO runs (ord, lo, hi, width, entries, data, digest) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
 SQL_DELETE_RUN = "DELETE FROM runs WHERE id = ?"
 
@@ -100,6 +107,8 @@ class RunInfo:
     hi: bytes
     width: int
     entries: int
+    digest: bytes | None = None
+    """:func:`run_digest` of the run's data (None: a run of schema version 3 or earlier)."""
 
     def covers(self, key: bytes) -> bool:
         """Whether ``key`` lies in the run's key range (it may still not hold it)."""
@@ -108,6 +117,12 @@ class RunInfo:
     def overlaps(self, begin: bytes, end: bytes) -> bool:
         """Whether the run's key range meets ``[begin, end)``."""
         return self.lo < end and begin <= self.hi
+
+
+def run_digest(data: bytes) -> bytes:
+    """The digest stored with a run's data: what tells a cached decoded run from another
+    run that was later stored under its id."""
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def list_runs(conn: sqlite3.Connection) -> list[RunInfo]:
@@ -288,29 +303,44 @@ def _join(prefix: bytes, suffixes: pa.Array) -> pa.BinaryArray:
 
 
 class RunCache:
-    """Decoded runs by id, shared by a store's transactions (runs never change once
-    written; a merge writes a new one)."""
+    """Decoded runs by id, shared by a store's transactions.
+
+    Only runs of committed snapshots enter it: a committed run never changes (a merge
+    writes a new one) and its id is never given to another. A run a write transaction
+    inserted is not committed until that transaction is, and SQLite gives the id of a
+    rolled-back insert to the next run committed, so such runs stay out (``keep=False``).
+    Each entry is also checked against the digest the table holds for the id.
+    """
 
     def __init__(self, size: int = 32) -> None:
         self._size = size
-        self._runs: OrderedDict[int, Run] = OrderedDict()
+        self._runs: OrderedDict[int, tuple[bytes | None, Run]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, conn: sqlite3.Connection, info: RunInfo) -> Run:
-        """The run ``info`` names, read through ``conn`` (whose snapshot holds it)."""
+    def get(self, conn: sqlite3.Connection, info: RunInfo, *, keep: bool = True) -> Run:
+        """The run ``info`` names, read through ``conn`` (whose snapshot holds it).
+
+        ``keep``: whether the decoded run may be kept for others (false for a run the
+        connection's own uncommitted transaction wrote).
+        """
         with self._lock:
-            run = self._runs.get(info.id)
-            if run is not None:
+            entry = self._runs.get(info.id)
+            if entry is not None and entry[0] == info.digest:
                 self._runs.move_to_end(info.id)
-                return run
+                return entry[1]
         row = conn.execute(SQL_RUN_DATA, (info.id,)).fetchone()
         if row is None:
             raise sqlite3.DatabaseError(f"run {info.id} is missing from the runs table")
+        if info.digest is not None and run_digest(row[0]) != info.digest:
+            raise sqlite3.DatabaseError(
+                f"run {info.id}'s data does not match its digest: database disk image is malformed"
+            )
         run = Run.decode(row[0])
-        with self._lock:
-            self._runs[info.id] = run
-            while len(self._runs) > self._size:
-                self._runs.popitem(last=False)
+        if keep:
+            with self._lock:
+                self._runs[info.id] = (info.digest, run)
+                while len(self._runs) > self._size:
+                    self._runs.popitem(last=False)
         return run
 
 
@@ -405,12 +435,19 @@ class EncodedRun:
 
     run: Run
     data: bytes
+    digest: bytes
+    """:func:`run_digest` of ``data``."""
+
+    @classmethod
+    def of_run(cls, run: Run) -> EncodedRun:
+        """``run``, encoded."""
+        data = run.encode()
+        return cls(run, data, run_digest(data))
 
     @classmethod
     def of_batch(cls, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> EncodedRun:
         """The run of one ``add_many`` (see :meth:`Run.of_batch`), encoded."""
-        run = Run.of_batch(keys, deltas)
-        return cls(run, run.encode())
+        return cls.of_run(Run.of_batch(keys, deltas))
 
 
 def becomes_run(keys: Sequence[bytes], min_keys: int) -> bool:
@@ -418,11 +455,13 @@ def becomes_run(keys: Sequence[bytes], min_keys: int) -> bool:
     return min_keys > 0 and len(keys) >= min_keys
 
 
-def _insert(conn: sqlite3.Connection, run: Run, order: int, data: bytes) -> RunInfo:
-    """Store ``run`` (encoded: ``data``) at ``order`` among the runs."""
+def _insert(conn: sqlite3.Connection, encoded: EncodedRun, order: int) -> RunInfo:
+    """Store ``encoded`` at ``order`` among the runs."""
+    run = encoded.run
     lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
-    (run_id,) = conn.execute(SQL_INSERT_RUN, (order, lo, hi, run.width, len(run), data)).fetchone()
-    return RunInfo(run_id, order, lo, hi, run.width, len(run))
+    values = (order, lo, hi, run.width, len(run), encoded.data, encoded.digest)
+    (run_id,) = conn.execute(SQL_INSERT_RUN, values).fetchone()
+    return RunInfo(run_id, order, lo, hi, run.width, len(run), encoded.digest)
 
 
 def _size_class(entries: int, min_keys: int) -> int:
@@ -533,7 +572,7 @@ def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout
             conn.execute("COMMIT")
         if merged is None:
             return merges
-        data = merged.encode()
+        encoded = EncodedRun.of_run(merged)
         ids = [info.id for info in group]
         begin_transaction(conn, ("BEGIN IMMEDIATE",), timeout_ms)
         try:
@@ -545,7 +584,7 @@ def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout
                 conn.execute("ROLLBACK")
                 return merges
             conn.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
-            _insert(conn, merged, group[-1].ord, data)
+            _insert(conn, encoded, group[-1].ord)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -638,12 +677,22 @@ class RunWriter:
         self.runs = runs
         self.added = False
         """Whether this commit wrote a run (then it, and only it, may merge after)."""
+        self._own: dict[int, Run] = {}
+        """The runs this commit wrote, by id: never in the shared cache (see
+        :class:`RunCache`)."""
+
+    def run(self, info: RunInfo) -> Run:
+        """The run ``info`` names: one this commit wrote, or a committed one."""
+        own = self._own.get(info.id)
+        return own if own is not None else self.cache.get(self.conn, info)
 
     def add(self, encoded: EncodedRun) -> None:
         """Store an ``add_many`` as a new run (merges come after the commit, outside
         the write lock: :func:`merge_runs`)."""
         order = self.runs[-1].ord + 1 if self.runs else 0
-        self.runs.append(_insert(self.conn, encoded.run, order, encoded.data))
+        info = _insert(self.conn, encoded, order)
+        self._own[info.id] = encoded.run
+        self.runs.append(info)
         self.added = True
         if len(self.runs) > MAX_RUNS:
             self.flush()
@@ -663,7 +712,7 @@ class RunWriter:
                 if (
                     info.covers(key)
                     and kind_width(key) != info.width
-                    and self.cache.get(self.conn, info).delta(key) is not None
+                    and self.run(info).delta(key) is not None
                 ):
                     return True
         return False
@@ -671,14 +720,13 @@ class RunWriter:
     def overlaps(self, begin: bytes, end: bytes) -> bool:
         """Whether a run holds a key in ``[begin, end)`` (a cleared range)."""
         return any(
-            info.overlaps(begin, end) and self.cache.get(self.conn, info).holds_any(begin, end)
-            for info in self.runs
+            info.overlaps(begin, end) and self.run(info).holds_any(begin, end) for info in self.runs
         )
 
     def flush(self) -> None:
         """Fold every run into the table, oldest first, and drop them."""
         for info in self.runs:
-            run = self.cache.get(self.conn, info)
+            run = self.run(info)
             keys = run.keys.to_pylist()
             if run.width == 1:
                 deltas: list[Any] = run.deltas[:, 0].tolist()
