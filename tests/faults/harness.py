@@ -52,13 +52,16 @@ class FaultPlan:
         self.fired = False
         self.paused = False
         self.match = ""
+        self.every = 0
+        self.failed_ops = 0
+        """Operations of :func:`run_op` the store failed, since the process started."""
 
-    def arm(self, at: int | None, kind: str = "io", match: str = "") -> None:
+    def arm(self, at: int | None, kind: str = "io", match: str = "", every: int = 0) -> None:
         """Count from zero the steps whose statement starts with ``match``; fail step
-        ``at`` (None: count only)."""
+        ``at`` (None: count only), and every ``every`` steps after it if not 0."""
         with self._lock:
             self.steps, self.at, self.kind, self.fired = 0, at, kind, False
-            self.match = match
+            self.match, self.every = match, every
 
     def step(self, what: str) -> None:
         """One step of the backend: ``what`` is the statement (or ``"wake"``)."""
@@ -67,7 +70,9 @@ class FaultPlan:
                 return
             n = self.steps
             self.steps += 1
-            if n != self.at:
+            if self.at is None or n < self.at:
+                return
+            if n != self.at and not (self.every and (n - self.at) % self.every == 0):
                 return
             self.fired = True
         if self.kind == "kill":
@@ -251,14 +256,19 @@ class Mismatch(AssertionError):
     """The store disagrees with the model."""
 
 
-def check(store: SqliteStore, queue: StoreQueue, model: Model, where: str) -> None:
-    """The store holds what the model says committed, and the queue's rows are a prefix
-    of the sources' (rows a reader saw never change, none is doubled or skipped)."""
+def check(
+    store: SqliteStore, queue: StoreQueue, model: Model, where: str, rows: bool = True
+) -> None:
+    """The store holds what the model says committed, and (``rows``) the queue's rows are
+    a prefix of the sources' (rows a reader saw never change, none is doubled or
+    skipped)."""
     PLAN.paused = True
     try:
         got = stored_values(store)
         if got != model.values:
             raise Mismatch(f"{where}: counters {got}, model {model.values}")
+        if not rows:
+            return
         ids = queue_ids(queue)
         if ids != all_ids(model.sources)[: len(ids)]:
             raise Mismatch(f"{where}: queue rows are not a prefix of the sources': {ids}")
@@ -279,6 +289,7 @@ def run_op(store: SqliteStore, queue: StoreQueue, model: Model, op: Op) -> bool:
         else:
             store.wait_for(("k", op[1]), lambda raw: True, 0.0)
     except StoreError:
+        PLAN.failed_ops += 1
         return False
     except InputError as exc:
         # An append whose store failed leaves nothing an InputError may name.
@@ -297,26 +308,73 @@ def run_program(
     program: list[Op],
     at: int | None = None,
     kind: str = "io",
+    every: int = 0,
     before_op: Callable[[int], None] = lambda n: None,
 ) -> int:
-    """Run ``program`` on a new store at ``path``, step ``at`` failing with ``kind``,
-    checking the store against the model after every operation; then let the producer
-    finish and check that every source landed once. Returns the steps counted."""
+    """Run ``program`` on a new store at ``path``, step ``at`` (and every ``every`` steps
+    after it) failing with ``kind``, checking the store against the model after every
+    operation; then let the producer finish and check that every source landed once.
+    ``before_op(n)`` runs before operation ``n`` (``len(program)``: before the finish).
+    Returns the steps counted."""
     store = open_faulty(path)
     queue = StoreQueue(store, "q", 1)
     model = Model()
-    PLAN.arm(at, kind)
+    PLAN.arm(at, kind, every=every)
     try:
         for n, op in enumerate(program):
             before_op(n)
             run_op(store, queue, model, op)
-            check(store, queue, model, f"after operation {n} {op} (fault {kind} at {at})")
+            where = f"after operation {n} {op} (fault {kind} at {at}, every {every})"
+            check(store, queue, model, where, rows=op[0] == "append")
         steps = PLAN.steps
         PLAN.arm(None)
+        before_op(len(program))
         produce(queue, model.sources)
         if queue_ids(queue) != all_ids(model.sources):
             raise Mismatch(f"fault {kind} at {at}: the producer's rows did not all land once")
         return steps
     finally:
         PLAN.arm(None)
+        store.close()
+
+
+def model_states(program: list[Op]) -> list[Model]:
+    """The model before each operation of ``program`` and after the last, every
+    operation committing."""
+    states = [Model()]
+    for op in program:
+        last = states[-1]
+        if op[0] == "txn":
+            states.append(Model(last.applied(op[1]), last.sources))
+        elif op[0] == "append":
+            states.append(Model(last.values, max(last.sources, op[1])))
+        else:
+            states.append(last)
+    return states
+
+
+def reopened_check(path: Path, program: list[Op], at_op: int) -> None:
+    """After a process running ``program`` on ``path`` died in operation ``at_op`` (or,
+    with ``at_op == len(program)``, finished): a new store on the file holds the model
+    before or after that operation, the queue's rows are a prefix of the sources', and
+    the producer, resuming, lands every source once."""
+    states = model_states(program)
+    candidates = states[at_op : at_op + 2]
+    store = open_faulty(path)
+    queue = StoreQueue(store, "q", 1)
+    try:
+        got = stored_values(store)
+        if all(got != state.values for state in candidates):
+            raise Mismatch(
+                f"died in operation {at_op}: counters {got}, model before "
+                f"{candidates[0].values}, after {candidates[-1].values}"
+            )
+        sources = candidates[-1].sources
+        ids = queue_ids(queue)
+        if ids != all_ids(sources)[: len(ids)]:
+            raise Mismatch(f"died in operation {at_op}: queue rows not a prefix: {ids}")
+        produce(queue, sources)
+        if queue_ids(queue) != all_ids(sources):
+            raise Mismatch(f"died in operation {at_op}: the producer's rows did not land once")
+    finally:
         store.close()
