@@ -85,6 +85,8 @@ def test_an_append_of_several_pieces_stopped_between_them_is_completed_once(
             restarted.append(0, pa.record_batch({"row": pa.array(range(100, 135))}), sequence=1)
         with pytest.raises(InputError, match="cannot append other rows as sequence 0"):
             restarted.append(0, pa.record_batch({"row": pa.array(range(100, 135))}), sequence=0)
+        with pytest.raises(InputError, match="complete it before sealing"):
+            queue.close_partition(0)  # the rest of sequence 0 would be lost
         assert restarted.append(0, batch, sequence=0) == (0, 35)
         assert restarted.last_sequence(0) == 0
         assert restarted.append(0, batch, sequence=0) == (0, 35)
@@ -93,6 +95,7 @@ def test_an_append_of_several_pieces_stopped_between_them_is_completed_once(
         while (read := queue.read(0, len(rows), 1000).batch) is not None:
             rows.extend(read.column("row").to_pylist())
         assert rows == list(range(36))
+        assert queue.close_partition(0) == 36
     finally:
         sim.close()
 

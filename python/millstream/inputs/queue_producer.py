@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from millstream.exceptions import ConfigurationError, DuplicateSequenceError, InputError
-from millstream.state.keys import unpack
+from millstream.state.keys import Key, unpack
 
 if TYPE_CHECKING:
     from millstream.inputs.store_queue import StoreQueue
@@ -143,7 +143,11 @@ class Admitted:
 
 class ProducerRecord:
     """A producer's record in a queue partition: its last ``(sequence, piece, begin, end,
-    pieces, complete, digest)`` (see :mod:`millstream.inputs.store_queue`)."""
+    pieces, complete, digest)``. ``pieces`` is how many transactions the sequence's append
+    takes, ``complete`` the producer's last sequence whose every piece landed, and
+    ``digest`` identifies the rows of a sequence of several pieces (:func:`rows_digest`;
+    empty for one piece). Records of earlier versions hold the first four only (appends
+    of one piece, or complete)."""
 
     def __init__(self, raw: bytes) -> None:
         values = unpack(raw)
@@ -189,6 +193,20 @@ class ProducerRecord:
         return Admitted(None, None, last)
 
 
+def refuse_partial(records: list[tuple[Key, bytes]], where: str) -> None:
+    """Raise if one of the producer ``records`` (key, record) of a partition holds a
+    sequence that landed in part: sealing the partition then would lose its other rows.
+    Anonymous producers (:meth:`StoreQueue.append`, ids from ``~``) do not complete."""
+    for key, raw in records:
+        record = ProducerRecord(raw)
+        if record.partial and not str(key[-1]).startswith("~"):
+            raise InputError(
+                f"{where}: producer {key[-1]!r} appended sequence {record.sequence} in part "
+                f"({record.piece + 1} of its {record.pieces} transactions); append it again "
+                "with the same rows to complete it before sealing the partition"
+            )
+
+
 def rows_digest(schema_ipc: bytes, pieces: list[list[tuple[int, bytes]]]) -> bytes:
     """What identifies the rows of an append of several pieces (``(rows, payload)``
     chunks each): an append that completes one stopped between pieces must bring the
@@ -203,4 +221,11 @@ def rows_digest(schema_ipc: bytes, pieces: list[list[tuple[int, bytes]]]) -> byt
     return digest.digest()
 
 
-__all__ = ["MAX_PRODUCER_ID_CHARS", "Admitted", "ProducerRecord", "QueueProducer", "rows_digest"]
+__all__ = [
+    "MAX_PRODUCER_ID_CHARS",
+    "Admitted",
+    "ProducerRecord",
+    "QueueProducer",
+    "refuse_partial",
+    "rows_digest",
+]

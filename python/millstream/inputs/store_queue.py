@@ -13,13 +13,9 @@ Layout under ``QUEUES + (name,)``:
 - ``(p, "sealed")``: present once :meth:`~StoreQueue.close_partition` was called.
 - ``(p, "rows", begin, end, part)``: part ``part`` of the chunk holding rows
   ``[begin, end)``.
-- ``(p, "producer", producer_id)``: the producer's last ``(sequence, piece, begin, end,
-  pieces, complete, digest)`` appended to the partition, checked and written by every
-  append (see :mod:`millstream.inputs.queue_producer`): what makes an append that is
-  retried after an unknown commit result land once. ``pieces`` is how many transactions
-  the sequence's append takes, ``complete`` the producer's last sequence whose every
-  piece landed, and ``digest`` identifies the rows of a sequence of several pieces (empty
-  for one piece). Records of earlier versions hold the first four only (complete appends).
+- ``(p, "producer", producer_id)``: the producer's last append to the partition
+  (:class:`~millstream.inputs.queue_producer.ProducerRecord`), checked and written by
+  every append: what makes one retried after an unknown commit result land once.
 """
 
 from __future__ import annotations
@@ -36,8 +32,9 @@ from millstream.exceptions import (
     InputError,
     StoreError,
 )
+from millstream.inputs import queue_producer as producers
 from millstream.inputs.base import ReadResult
-from millstream.inputs.queue_producer import ProducerRecord, QueueProducer, rows_digest
+from millstream.inputs.queue_producer import QueueProducer
 from millstream.ledger import QUEUES
 from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import Key, decode_int64, encode_int64, pack, unpack
@@ -179,8 +176,7 @@ class StoreQueue:
         try:
             return self.append_as(partition, batch, local.producer_id, local.sequence)
         except BaseException:
-            # Nothing completes a failed append here: the next one numbers under a new id
-            # (the old one would refuse it while a piece of this one is missing).
+            # Nothing completes a failed append: the next one goes under a new id.
             del local.producer_id
             raise
 
@@ -198,7 +194,7 @@ class StoreQueue:
         piece of it (-1: none); see :meth:`QueueProducer.last_sequence`."""
         key = self._key(partition, "producer", producer_id)
         raw = self._store.transact(lambda txn: txn.get(key), idempotent=True)
-        return -1 if raw is None else ProducerRecord(raw).complete
+        return -1 if raw is None else producers.ProducerRecord(raw).complete
 
     def append_as(
         self,
@@ -226,7 +222,7 @@ class StoreQueue:
                 pieces[-1].append((chunk_rows, payload))
                 piece_bytes += len(payload)
         schema_ipc = batch.schema.serialize().to_pybytes()
-        digest = rows_digest(schema_ipc, pieces) if len(pieces) > 1 else b""
+        digest = producers.rows_digest(schema_ipc, pieces) if len(pieces) > 1 else b""
         begin = end = 0
         for number, piece in enumerate(pieces):
 
@@ -279,7 +275,7 @@ class StoreQueue:
         first_begin, complete = None, -1
         if raw is not None:
             where = f"queue {self._name!r} partition {partition}: producer {producer_id!r}"
-            admitted = ProducerRecord(raw).admit(where, sequence, piece, digest)
+            admitted = producers.ProducerRecord(raw).admit(where, sequence, piece, digest)
             if admitted.retry is not None:
                 return admitted.retry  # appended before: this is a retry
             first_begin, complete = admitted.first_begin, admitted.complete
@@ -352,9 +348,15 @@ class StoreQueue:
 
         Returns:
             The partition's final end row index.
+
+        Raises:
+            InputError: A named producer's append of several pieces stopped between them:
+                complete it first (see :mod:`millstream.inputs.queue_producer`).
         """
 
         def seal(txn: StoreTransaction) -> int:
+            records = txn.get_range_startswith(self._key(partition, "producer"))
+            producers.refuse_partial(records, f"queue {self._name!r} partition {partition}")
             end = _decode_index(txn.get(self._key(partition, "end")))
             txn.set(self._key(partition, "sealed"), encode_int64(end))
             txn.wake_on_commit(self._key(partition, "end"))  # readers waiting there end

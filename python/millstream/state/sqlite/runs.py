@@ -308,8 +308,9 @@ class RunCache:
     Only runs of committed snapshots enter it: a committed run never changes (a merge
     writes a new one) and its id is never given to another. A run a write transaction
     inserted is not committed until that transaction is, and SQLite gives the id of a
-    rolled-back insert to the next run committed, so such runs stay out (``keep=False``).
-    Each entry is also checked against the digest the table holds for the id.
+    rolled-back insert to the next run committed, so such runs stay out
+    (:meth:`RunWriter.run`). Each entry is also checked against the digest the table holds
+    for the id.
     """
 
     def __init__(self, size: int = 32) -> None:
@@ -317,12 +318,8 @@ class RunCache:
         self._runs: OrderedDict[int, tuple[bytes | None, Run]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, conn: sqlite3.Connection, info: RunInfo, *, keep: bool = True) -> Run:
-        """The run ``info`` names, read through ``conn`` (whose snapshot holds it).
-
-        ``keep``: whether the decoded run may be kept for others (false for a run the
-        connection's own uncommitted transaction wrote).
-        """
+    def get(self, conn: sqlite3.Connection, info: RunInfo) -> Run:
+        """The run ``info`` names, read through ``conn`` (whose snapshot holds it, committed)."""
         with self._lock:
             entry = self._runs.get(info.id)
             if entry is not None and entry[0] == info.digest:
@@ -331,16 +328,11 @@ class RunCache:
         row = conn.execute(SQL_RUN_DATA, (info.id,)).fetchone()
         if row is None:
             raise sqlite3.DatabaseError(f"run {info.id} is missing from the runs table")
-        if info.digest is not None and run_digest(row[0]) != info.digest:
-            raise sqlite3.DatabaseError(
-                f"run {info.id}'s data does not match its digest: database disk image is malformed"
-            )
         run = Run.decode(row[0])
-        if keep:
-            with self._lock:
-                self._runs[info.id] = (info.digest, run)
-                while len(self._runs) > self._size:
-                    self._runs.popitem(last=False)
+        with self._lock:
+            self._runs[info.id] = (info.digest, run)
+            while len(self._runs) > self._size:
+                self._runs.popitem(last=False)
         return run
 
 
