@@ -45,15 +45,15 @@ def test_a_run_of_a_failed_commit_is_not_read_under_its_reused_id(
         store.close()
 
 
-def test_runs_of_a_version_3_store_read_without_a_digest(tmp_path: Path) -> None:
-    """Stores of schema version 3 have no digest column: opening adds it, empty."""
+def test_runs_of_a_version_3_store_read_without_a_generation(tmp_path: Path) -> None:
+    """Stores of schema version 3 have no generation column: opening adds it, empty."""
     path = tmp_path / "v3.db"
     store = open_store(f"sqlite:///{path}?run_min_keys=1")
     for n in range(3):
         store.transact(lambda txn, n=n: txn.add_many(("n",), [0, n + 1], [1, 2]))
     store.close()
     conn = sqlite3.connect(path)
-    conn.execute("ALTER TABLE runs DROP COLUMN digest")
+    conn.execute("ALTER TABLE runs DROP COLUMN generation")
     conn.execute("PRAGMA user_version = 3")
     conn.commit()
     conn.close()
@@ -64,7 +64,7 @@ def test_runs_of_a_version_3_store_read_without_a_digest(tmp_path: Path) -> None
         assert [txn.get(("n", k)) for k in (1, 2, 3)] == [encode_int64(2)] * 3
     store.close()
     conn = sqlite3.connect(path)
-    digests = [row[0] for row in conn.execute("SELECT digest FROM runs ORDER BY ord")]
-    assert digests[:3] == [None] * 3
-    assert digests[3] is not None
+    generations = [row[0] for row in conn.execute("SELECT generation FROM runs ORDER BY ord")]
+    assert generations[:3] == [None] * 3
+    assert generations[3] is not None
     conn.close()

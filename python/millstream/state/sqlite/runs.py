@@ -24,17 +24,18 @@ key.
 
 A run is written in its committing transaction, with the rest of the commit: all or
 nothing, as the commit itself; a merge or fold changes no key's value. A run's row also
-holds a digest of its data: the decoded runs a process keeps (:class:`RunCache`) are
-checked against it, and a write transaction never puts the runs it wrote there (until it
-commits they are not the table's: a rolled-back id is given to the next run committed).
+holds a generation, random bytes drawn for each run stored: the decoded runs a process
+keeps (:class:`RunCache`) are checked against it, and a write transaction never puts the
+runs it wrote there (until it commits they are not the table's: a rolled-back id is given
+to the next run committed).
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import math
 import os
+import secrets
 import sqlite3
 import threading
 from collections import OrderedDict
@@ -74,14 +75,14 @@ MAX_RUNS = 64
 SQL_CREATE_RUNS = (
     "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
     "ord INTEGER NOT NULL, lo BLOB NOT NULL, hi BLOB NOT NULL, width INTEGER NOT NULL, "
-    "entries INTEGER NOT NULL, data BLOB NOT NULL, digest BLOB)"
+    "entries INTEGER NOT NULL, data BLOB NOT NULL, generation BLOB)"
 )
-SQL_ADD_RUN_DIGEST = "ALTER TABLE runs ADD COLUMN digest BLOB"
-"""Schema version 4: runs carry :func:`run_digest` of their data (NULL: written before)."""
-SQL_LIST_RUNS = "SELECT id, ord, lo, hi, width, entries, digest FROM runs ORDER BY ord"
+SQL_ADD_RUN_GENERATION = "ALTER TABLE runs ADD COLUMN generation BLOB"
+"""Schema version 4: runs carry a :func:`generation` (NULL: stored before)."""
+SQL_LIST_RUNS = "SELECT id, ord, lo, hi, width, entries, generation FROM runs ORDER BY ord"
 SQL_RUN_DATA = "SELECT data FROM runs WHERE id = ?"
 SQL_INSERT_RUN = (
-    "INSERT INTO runs (ord, lo, hi, width, entries, data, digest) "
+    "INSERT INTO runs (ord, lo, hi, width, entries, data, generation) "
     "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
 SQL_DELETE_RUN = "DELETE FROM runs WHERE id = ?"
@@ -107,8 +108,8 @@ class RunInfo:
     hi: bytes
     width: int
     entries: int
-    digest: bytes | None = None
-    """:func:`run_digest` of the run's data (None: a run of schema version 3 or earlier)."""
+    generation: bytes | None = None
+    """The run's :func:`generation` (None: a run of schema version 3 or earlier)."""
 
     def covers(self, key: bytes) -> bool:
         """Whether ``key`` lies in the run's key range (it may still not hold it)."""
@@ -119,10 +120,10 @@ class RunInfo:
         return self.lo < end and begin <= self.hi
 
 
-def run_digest(data: bytes) -> bytes:
-    """The digest stored with a run's data: what tells a cached decoded run from another
-    run that was later stored under its id."""
-    return hashlib.blake2b(data, digest_size=16).digest()
+def generation() -> bytes:
+    """Drawn for each run stored and kept with it: what tells a decoded run from another
+    run later stored under its id (free to make, unlike a digest of the run's data)."""
+    return secrets.token_bytes(16)
 
 
 def list_runs(conn: sqlite3.Connection) -> list[RunInfo]:
@@ -309,8 +310,8 @@ class RunCache:
     writes a new one) and its id is never given to another. A run a write transaction
     inserted is not committed until that transaction is, and SQLite gives the id of a
     rolled-back insert to the next run committed, so such runs stay out
-    (:meth:`RunWriter.run`). Each entry is also checked against the digest the table holds
-    for the id.
+    (:meth:`RunWriter.run`). Each entry is also checked against the generation the table
+    holds for the id.
     """
 
     def __init__(self, size: int = 32) -> None:
@@ -322,7 +323,7 @@ class RunCache:
         """The run ``info`` names, read through ``conn`` (whose snapshot holds it, committed)."""
         with self._lock:
             entry = self._runs.get(info.id)
-            if entry is not None and entry[0] == info.digest:
+            if entry is not None and entry[0] == info.generation:
                 self._runs.move_to_end(info.id)
                 return entry[1]
         row = conn.execute(SQL_RUN_DATA, (info.id,)).fetchone()
@@ -330,7 +331,7 @@ class RunCache:
             raise sqlite3.DatabaseError(f"run {info.id} is missing from the runs table")
         run = Run.decode(row[0])
         with self._lock:
-            self._runs[info.id] = (info.digest, run)
+            self._runs[info.id] = (info.generation, run)
             while len(self._runs) > self._size:
                 self._runs.popitem(last=False)
         return run
@@ -427,14 +428,14 @@ class EncodedRun:
 
     run: Run
     data: bytes
-    digest: bytes
-    """:func:`run_digest` of ``data``."""
+    generation: bytes
+    """Stored with the run (:func:`generation`)."""
 
     @classmethod
     def of_run(cls, run: Run) -> EncodedRun:
         """``run``, encoded."""
         data = run.encode()
-        return cls(run, data, run_digest(data))
+        return cls(run, data, generation())
 
     @classmethod
     def of_batch(cls, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> EncodedRun:
@@ -451,9 +452,9 @@ def _insert(conn: sqlite3.Connection, encoded: EncodedRun, order: int) -> RunInf
     """Store ``encoded`` at ``order`` among the runs."""
     run = encoded.run
     lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
-    values = (order, lo, hi, run.width, len(run), encoded.data, encoded.digest)
+    values = (order, lo, hi, run.width, len(run), encoded.data, encoded.generation)
     (run_id,) = conn.execute(SQL_INSERT_RUN, values).fetchone()
-    return RunInfo(run_id, order, lo, hi, run.width, len(run), encoded.digest)
+    return RunInfo(run_id, order, lo, hi, run.width, len(run), encoded.generation)
 
 
 def _size_class(entries: int, min_keys: int) -> int:

@@ -50,7 +50,7 @@ ROWID`` table, which the same statements read and write.
 SCHEMA_VERSION = 4
 """1: the key-value table; 2: and the delta runs (:mod:`millstream.state.sqlite.runs`);
 3: runs stored as one compressed stream (runs of version 2 read as they are); 4: runs carry
-a digest of their data (runs of earlier versions have none)."""
+a generation (runs of earlier versions have none)."""
 
 SECURE_DELETE = ("FAST", "ON", "OFF")
 """Values of SQLite's ``secure_delete`` (the first is the store's default): FAST zeroes

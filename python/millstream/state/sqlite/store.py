@@ -19,7 +19,7 @@ from millstream.state.keys import Key, pack
 from millstream.state.limits import StoreLimits
 from millstream.state.sqlite.runs import (
     DEFAULT_RUN_MIN_KEYS,
-    SQL_ADD_RUN_DIGEST,
+    SQL_ADD_RUN_GENERATION,
     SQL_CREATE_RUNS,
     MergeLock,
     RunCache,
@@ -184,14 +184,14 @@ class SqliteStore(Store):
                 version = query("PRAGMA user_version")[0][0]
                 if version in (1, 2, 3) and "kv" in tables:
                     # Version 1 had no delta runs: the same store with an empty runs table.
-                    # Runs of versions 2 and 3 decode as they are, without a digest; from
+                    # Runs of versions 2 and 3 decode as they are, without a generation; from
                     # now on, a version that cannot read today's runs refuses the store.
                     begin_transaction(conn, ("BEGIN IMMEDIATE",), self._busy_timeout_ms)
                     conn.execute(SQL_CREATE_RUNS)
                     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
-                    if "digest" not in columns:
-                        conn.execute(SQL_ADD_RUN_DIGEST)
-                    conn.execute("UPDATE runs SET digest = NULL")
+                    if "generation" not in columns:
+                        conn.execute(SQL_ADD_RUN_GENERATION)
+                    conn.execute("UPDATE runs SET generation = NULL")
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                     conn.execute("COMMIT")
                     version = SCHEMA_VERSION
