@@ -148,6 +148,11 @@ class ParquetSink:
         """
         txn.set((*self._space, "file", staged.name), pack((staged.rows, staged.size)))
 
+    def is_recorded_in(self, txn: StoreTransaction, staged: StagedFile) -> bool:
+        """Whether ``staged``'s record is in the store as ``txn`` sees it (scoped as for
+        :meth:`record_in`): after a commit whose outcome is unknown, whether it landed."""
+        return txn.get((*self._space, "file", staged.name), snapshot=True) is not None
+
     def publish(self, staged: StagedFile) -> None:
         """Move a recorded file to its final name (step 3); idempotent."""
         self._move(staged.name)

@@ -174,6 +174,18 @@ class StagedOutputs:
             sink.discard(staged)
         self._staged.clear()
 
+    def landed_in(self, txn: StoreTransaction) -> bool:
+        """Whether the commit that recorded the staged files landed, as ``txn`` sees the
+        store (the records commit together: the first one tells)."""
+        for sink, staged in self._staged[:1]:
+            return sink.is_recorded_in(txn.scoped(sink.store.prefix), staged)
+        return False
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing is held for any output (no queue rows, no file)."""
+        return not self._appends and not self._files
+
     @property
     def rows_appended(self) -> int:
         """Rows held for queues."""
