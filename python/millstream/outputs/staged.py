@@ -152,7 +152,8 @@ class StagedOutputs:
     def settled_with(self, txn: StoreTransaction) -> Iterator[None]:
         """Around a transaction that carries these outputs: if the block raises, reset
         ``txn`` and delete the staged files, unless the commit's outcome is unknown (their
-        records may have landed: the next instance, or a reader, publishes them)."""
+        records may have landed: the reducer's next rounds, the next instance or a reader
+        publish them, see :mod:`millstream.workers.settling`)."""
         try:
             yield
         except CommitUnknownResultError:

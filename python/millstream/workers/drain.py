@@ -60,7 +60,7 @@ def commit_drain(worker: ReducerWorker) -> bool:
         with outputs.settled_with(txn):
             if txn.get(drained_marker_key(worker.index)) is not None:
                 txn.reset()
-                worker.unsettled.committed(DRAIN)
+                worker.unsettled.committed(DRAIN, wrote=True)
                 return True
             try:
                 worker.user.drain(Transaction(txn, outputs))
@@ -77,9 +77,9 @@ def commit_drain(worker: ReducerWorker) -> bool:
     except StoreConflictError:
         return False
     except CommitUnknownResultError:
-        worker.unsettled.hold(outputs, DRAIN)
+        worker.unsettled.hold(outputs, DRAIN, read=False)
         raise
-    worker.unsettled.committed(DRAIN)
+    worker.unsettled.committed(DRAIN, wrote=True)
     worker._published(outputs)
     worker._notify_commit()
     return True

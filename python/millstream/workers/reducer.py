@@ -801,11 +801,11 @@ class ReducerWorker:
             self.split_brains += 1
             return False
         except CommitUnknownResultError:
-            self.unsettled.hold(outputs, ROUND)
+            self.unsettled.hold(outputs, ROUND, read=state)
             raise
         finally:
             self.renewals += txn.renewals
-        self.unsettled.committed(ROUND)
+        self.unsettled.committed(ROUND, wrote=new)
         self._published(outputs)
         self.last_state = new
         self.last_write_size = size

@@ -7,8 +7,9 @@ reading the store:
 
 - a commit whose file records are in the store landed: its files are published;
 - a commit whose records are missing after a later commit of the same kind by this
-  reducer landed never will (it read the key that later commit wrote, the reducer's state
-  or its drained marker, so the store refuses it as a conflict): its files are deleted;
+  reducer landed, one that changed what it read (the reducer's state or its drained
+  marker), never will: the store refuses it as a conflict, the value it read being gone
+  for good (committed indices only grow; the marker stays). Its files are deleted;
 - otherwise it stays held. A held file whose record lands later still gets published by
   the next instance's or the drain's :func:`~millstream.outputs.finish_publishing`, and
   one never recorded is removed by :meth:`~millstream.outputs.ParquetSink.vacuum`.
@@ -32,6 +33,7 @@ DRAIN = "drain"
 class _Held:
     outputs: StagedOutputs
     kind: str
+    read: object
     superseded: bool = False
 
 
@@ -44,17 +46,18 @@ class UnsettledOutputs:
     def __len__(self) -> int:
         return len(self._held)
 
-    def hold(self, outputs: StagedOutputs, kind: str) -> None:
+    def hold(self, outputs: StagedOutputs, kind: str, read: object) -> None:
         """Keep the files of a commit of ``kind`` (:data:`ROUND`, :data:`DRAIN`) that was
-        reported unknown, until the store tells whether it landed."""
+        reported unknown, until the store tells whether it landed; ``read``: the value of
+        the reducer's state (or drained marker) it read."""
         if outputs.files_staged:
-            self._held.append(_Held(outputs, kind))
+            self._held.append(_Held(outputs, kind, read))
 
-    def committed(self, kind: str) -> None:
-        """A later commit of ``kind`` by this reducer landed: the held ones of that kind
-        have landed by now or never will."""
+    def committed(self, kind: str, wrote: object) -> None:
+        """A later commit of ``kind`` by this reducer landed, writing ``wrote`` where the
+        held ones read: those that read another value have landed by now or never will."""
         for held in self._held:
-            if held.kind == kind:
+            if held.kind == kind and held.read != wrote:
                 held.superseded = True
 
     def settle(self, store: Store) -> list[StagedOutputs]:
