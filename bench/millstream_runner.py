@@ -255,14 +255,32 @@ def expected_results(workload: Workload, kind: str, opts: MillstreamOptions) -> 
     return workload.expected_smallest()
 
 
-def _read_counters(txn: Any, opts: MillstreamOptions) -> pa.Table:
+def _read_range(store: Any, prefix: tuple[str, ...], page: int = 100_000) -> list[Any]:
+    """Every ``(key, value)`` under ``prefix`` of a finished run, a page per transaction:
+    millions of keys take longer to read than FoundationDB's 5 s allow one transaction."""
+    end = (*prefix[:-1], prefix[-1] + "\x00")  # past every key that extends ``prefix``
+    pairs: list[Any] = []
+    begin: tuple[Any, ...] = prefix
+    while True:
+        with store.read() as txn:
+            got = txn.get_range(begin, end, limit=page, snapshot=True)
+        full = len(got) == page
+        if pairs and got and got[0][0] == pairs[-1][0]:
+            got = got[1:]  # a page starts at the previous page's last key
+        pairs.extend(got)
+        if not full:
+            return [(k, v) for k, v in pairs if k != prefix]  # its extensions only
+        begin = pairs[-1][0]
+
+
+def _read_counters(store: Any, opts: MillstreamOptions) -> pa.Table:
     """``key`` and each counter, from the ``counters`` job's output (either layout)."""
     from millstream.state import decode_int64s
 
     from bench.millstream_jobs import KEYSPACE
 
     counters = counter_names(opts.counters)
-    pairs = txn.get_range_startswith(("out", KEYSPACE), snapshot=True)
+    pairs = _read_range(store, ("out", KEYSPACE))
     lanes = [decode_int64s(v, len(counters)) for _, v in pairs]
     table = pa.table(
         {
@@ -281,34 +299,28 @@ def read_results(
     from millstream.state import decode_int64, open_store
     from millstream.state.limits import StoreLimits
 
-    # One snapshot of a finished run; millions of keys take longer to read than the 5 s a
-    # transaction of the job may run.
-    store = open_store(
+    # A finished run, read page by page; a page of many keys may take longer than the 5 s
+    # a transaction of the job may run.
+    opened = open_store(
         store or f"sqlite:///{run_dir / 'state.db'}",
         prefix=(NAME,),
         limits=StoreLimits(max_transaction_seconds=3600.0),
     )
     try:
-        txn = store.create_transaction()
-        try:
-            if kind == "counters":
-                return _read_counters(txn, opts or MillstreamOptions())
-            if kind == "keyed_sum":
-                pairs = txn.get_range_startswith(("out", "sum"), snapshot=True)
-                return pa.table(
-                    {
-                        "key": pa.array([k[-1] for k, _ in pairs], pa.int64()),
-                        "total": pa.array([decode_int64(v) for _, v in pairs], pa.int64()),
-                    }
-                )
-            counts = {
-                k[-1]: v for k, v in txn.get_range_startswith(("out", "count"), snapshot=True)
-            }
-            smallest = txn.get_range_startswith(("out", "smallest"), snapshot=True)
-        finally:
-            txn.reset()
+        if kind == "counters":
+            return _read_counters(opened, opts or MillstreamOptions())
+        if kind == "keyed_sum":
+            pairs = _read_range(opened, ("out", "sum"))
+            return pa.table(
+                {
+                    "key": pa.array([k[-1] for k, _ in pairs], pa.int64()),
+                    "total": pa.array([decode_int64(v) for _, v in pairs], pa.int64()),
+                }
+            )
+        counts = {k[-1]: v for k, v in _read_range(opened, ("out", "count"))}
+        smallest = _read_range(opened, ("out", "smallest"))
     finally:
-        store.close()
+        opened.close()
     keys = [k[-1] for k, _ in smallest]
     kept = [(v.decode().split(SEPARATOR) + [None] * SMALLEST)[:SMALLEST] for _, v in smallest]
     payload = SCHEMA.field("payload").type
