@@ -14,12 +14,30 @@ import time
 
 import numpy as np
 import pyarrow as pa
-from millstream.state import StoreTransaction, open_store
+from millstream.state import Store, StoreTransaction, open_store
 from millstream.state.keys import encode_keys, pack
 
 
 def _rate(label: str, count: int, seconds: float, unit: str = "key updates/s") -> None:
     print(f"{label:<58} {count / seconds:>12,.0f} {unit}  ({seconds * 1000:.1f} ms)")
+
+
+def _small_commits(store: Store, commits: int = 500) -> None:
+    """Read-modify-write commits of one key, one after another: their rate and the
+    median and p99 of one commit's latency (read, write, commit)."""
+
+    def rmw(txn: StoreTransaction) -> None:
+        raw = txn.get(("counter",))
+        txn.set(("counter",), (int(raw or b"0") + 1).__str__().encode())
+
+    took = []
+    for _ in range(commits):
+        start = time.perf_counter()
+        store.transact(rmw)
+        took.append(time.perf_counter() - start)
+    _rate("read-modify-write commits (one key)", commits, sum(took), "commits/s")
+    ms = np.percentile(np.array(took) * 1000, [50, 99])
+    print(f"{'  one commit: median, p99':<58} {ms[0]:>9.2f} ms {ms[1]:>9.2f} ms")
 
 
 def main() -> None:
@@ -28,6 +46,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--synchronous", default="full")
     parser.add_argument("--url", default=None, help="store URL (default: a temporary SQLite)")
+    parser.add_argument(
+        "--commits-only", action="store_true", help="only the small read-modify-write commits"
+    )
     args = parser.parse_args()
     n = args.keys
     with tempfile.TemporaryDirectory() as tmp:
@@ -40,6 +61,10 @@ def main() -> None:
         str_keys = pa.array([f"word-{i}" for i in rng.permutation(n)])
         deltas = pa.array(rng.integers(1, 100, n, dtype=np.int64))
 
+        if args.commits_only:
+            _small_commits(store)
+            store.close()
+            return
         start = time.perf_counter()
         encode_keys(pack(("bench", "k")), int_keys)
         _rate("encode int64 keys (tuple layer)", n, time.perf_counter() - start, "keys/s")
@@ -68,18 +93,7 @@ def main() -> None:
         txn.commit()
         _rate(f"get_many {n:,} int64 keys", n, time.perf_counter() - start, "keys/s")
 
-        commits = 500
-
-        def rmw(txn: StoreTransaction) -> None:
-            raw = txn.get(("counter",))
-            txn.set(("counter",), (int(raw or b"0") + 1).__str__().encode())
-
-        start = time.perf_counter()
-        for _ in range(commits):
-            store.transact(rmw)
-        _rate(
-            "read-modify-write commits (one key)", commits, time.perf_counter() - start, "commits/s"
-        )
+        _small_commits(store)
         store.close()
 
 

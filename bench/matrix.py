@@ -27,6 +27,8 @@ Run (about 30 minutes for the full matrix on two cores)::
     .venv/bin/python -m bench.matrix
     .venv/bin/python -m bench.matrix --keys 100000 --counters 4 --systems millstream
     .venv/bin/python -m bench.matrix --table-only      # the table of the cells measured
+    .venv/bin/python -m bench.matrix --systems millstream --store fdb:///tmp/fdb/fdb.cluster \
+        --store-pid "$(cat /tmp/fdb/fdbserver.pid)"     # the state on FoundationDB
 
 Raw results: ``bench/results/matrix/<cell>.json``; the table also goes to
 ``bench/results/matrix/table.md``. Exits with status 1 if any run gave a wrong result.
@@ -116,9 +118,16 @@ def _sizes(shape: Shape, args: argparse.Namespace) -> tuple[int, int]:
     return args.rows, args.marginal_rows
 
 
+def result_path(cell: Cell, args: argparse.Namespace) -> Path:
+    """Where a cell's result is saved: ``<cell>.json``, or ``<cell>-<scheme>.json`` for a
+    millstream cell on ``--store`` (``-fdb`` for FoundationDB)."""
+    store = f"-{args.store.split(':', 1)[0]}" if args.store and cell.system != "spark" else ""
+    return RESULTS / f"{cell.name}{store}.json"
+
+
 def run_cell(cell: Cell, workload: Workload, args: argparse.Namespace) -> RunResult:
     """Measure one cell (or load it with ``--resume``) and save it."""
-    path = RESULTS / f"{cell.name}.json"
+    path = result_path(cell, args)
     if args.resume and path.exists():
         log(f"{cell.name}: kept from an earlier run")
         return RunResult.load_json(path)
@@ -137,7 +146,11 @@ def run_cell(cell: Cell, workload: Workload, args: argparse.Namespace) -> RunRes
         )
     else:
         mopts = millstream_runner.MillstreamOptions(
-            bookkeeping_run=False, counters=cell.counters, layout=cell.layout or "shared"
+            bookkeeping_run=False,
+            counters=cell.counters,
+            layout=cell.layout or "shared",
+            store=args.store,
+            store_pids=tuple(args.store_pid),
         )
         result = millstream_runner.measure(workload, cell.workload, mopts, log=log)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,6 +272,19 @@ def main() -> None:
         help="print the table of the cells already in bench/results/matrix; run nothing",
     )
     parser.add_argument("--data-root", type=Path, default=None)
+    parser.add_argument(
+        "--store",
+        default=None,
+        help="millstream's state store (fdb://<cluster file>, emptied before each run); "
+        "default: SQLite in the run directory. Results go to <cell>-fdb.json",
+    )
+    parser.add_argument(
+        "--store-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="a process serving the store (fdbserver): its writes count (repeatable)",
+    )
     args = parser.parse_args()
     for name in args.systems:
         if name not in SYSTEMS:
@@ -292,7 +318,7 @@ def main() -> None:
                 if cell in results:
                     continue
                 if args.table_only:
-                    path = RESULTS / f"{cell.name}.json"
+                    path = result_path(cell, args)
                     if path.exists():
                         results[cell] = RunResult.load_json(path)
                     continue
@@ -302,7 +328,8 @@ def main() -> None:
                     wrong.append(cell.name)
         if not args.table_only:
             RESULTS.mkdir(parents=True, exist_ok=True)
-            (RESULTS / "table.md").write_text(table(results, shape_list, args))
+            suffix = f"-{args.store.split(':', 1)[0]}" if args.store else ""
+            (RESULTS / f"table{suffix}.md").write_text(table(results, shape_list, args))
     text = table(results, shape_list, args)
     print(text)
     if wrong:

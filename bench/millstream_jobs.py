@@ -246,13 +246,20 @@ JOBS: dict[str, tuple[type[ms.Mapper], type[CommitReporter], tuple[str, ...]]] =
 """Workload name: mapper, reducer, and the input columns the job reads."""
 
 
+def sqlite_url(run_dir: Path) -> str:
+    """The benchmark's SQLite store in ``run_dir``."""
+    # A 64 MB write-ahead log: a page many commits rewrite is copied back once.
+    return f"sqlite:///{run_dir / 'state.db'}?checkpoint_pages=16384"
+
+
 def build_processor(
     input_dir: Path, kind: str, run_dir: Path, settings: dict[str, Any], *, write_output: bool
 ) -> ms.Processor:
     """The processor of workload ``kind`` over ``input_dir`` with its store in ``run_dir``.
 
     ``settings``: ``num_reducers``, ``batch_rows`` and ``commit_interval_seconds`` (None:
-    :class:`millstream.Tuning`'s default); for ``counters``, ``counters`` and ``layout``.
+    :class:`millstream.Tuning`'s default); for ``counters``, ``counters`` and ``layout``;
+    ``store``: a store URL (such as ``fdb://<cluster file>``) instead of SQLite in ``run_dir``.
     """
     knobs = {
         name: settings[name]
@@ -264,8 +271,7 @@ def build_processor(
         mapper=mapper,
         reducer=reducer,
         input=ms.inputs.ParquetLog(str(input_dir), columns=columns),
-        # A 64 MB write-ahead log: a page many commits rewrite is copied back once.
-        store=f"sqlite:///{run_dir / 'state.db'}?checkpoint_pages=16384",
+        store=settings.get("store") or sqlite_url(run_dir),
         num_reducers=settings["num_reducers"],
         name=NAME,
         config={

@@ -79,6 +79,11 @@ class MillstreamOptions:
         counters: Counters per key of the ``counters`` workload (1, 2 or 4).
         layout: Where the ``counters`` reducers keep their keys: ``shared`` (one keyspace)
             or ``grouped`` (each reducer's keys under its index).
+        store: The state store's URL (``fdb://<cluster file>``: emptied before each run);
+            None: SQLite in the run directory.
+        store_pids: Processes outside the measured tree that serve the store (the
+            ``fdbserver`` processes): their ``/proc/<pid>/io`` ``write_bytes`` over the run
+            count in the bytes written.
     """
 
     num_reducers: int = 2
@@ -88,6 +93,8 @@ class MillstreamOptions:
     runner: str = "local"
     counters: int = 1
     layout: str = "shared"
+    store: str | None = None
+    store_pids: tuple[int, ...] = ()
 
     @property
     def system(self) -> str:
@@ -159,7 +166,10 @@ def _run_measured(
         "runner": opts.runner,
         "counters": opts.counters,
         "layout": opts.layout,
+        "store": opts.store,
     }
+    if opts.store:
+        _empty_store(opts.store)
     args = [
         sys.executable,
         "-m",
@@ -180,10 +190,12 @@ def _run_measured(
                 f"{meter.report().write_bytes / 1e6:,.1f} MB written so far"
             )
 
+    served = _write_bytes(opts.store_pids)
     try:
         status, report = run_subprocess(args, env=env, cwd=str(REPO), on_sample=progress)
     finally:
         commits = listener.stop()
+    report.extra["store_server_bytes"] = _write_bytes(opts.store_pids) - served
     if listener.starts:
         log(
             f"    reducers started {min(listener.starts) - launch:.2f}-"
@@ -194,6 +206,26 @@ def _run_measured(
         raise RuntimeError(f"millstream child failed with status {status}; see its output above")
     summary = json.loads((run_dir / "child.json").read_text())
     return launch, commits, report, summary
+
+
+def _empty_store(url: str) -> None:
+    from millstream.state import open_store
+
+    store = open_store(url)
+    try:
+        store.transact(lambda txn: txn.clear_range_startswith(()))
+    finally:
+        store.close()
+
+
+def _write_bytes(pids: tuple[int, ...]) -> int:
+    """``write_bytes`` of ``pids`` (the store's servers) from ``/proc/<pid>/io``."""
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                total += int(line.split()[1])
+    return total
 
 
 def _batches(commits: list[dict[str, Any]], launch: float, input_rows: int) -> list[BatchRecord]:
@@ -223,14 +255,32 @@ def expected_results(workload: Workload, kind: str, opts: MillstreamOptions) -> 
     return workload.expected_smallest()
 
 
-def _read_counters(txn: Any, opts: MillstreamOptions) -> pa.Table:
+def _read_range(store: Any, prefix: tuple[str, ...], page: int = 100_000) -> list[Any]:
+    """Every ``(key, value)`` under ``prefix`` of a finished run, a page per transaction:
+    millions of keys take longer to read than FoundationDB's 5 s allow one transaction."""
+    end = (*prefix[:-1], prefix[-1] + "\x00")  # past every key that extends ``prefix``
+    pairs: list[Any] = []
+    begin: tuple[Any, ...] = prefix
+    while True:
+        with store.read() as txn:
+            got = txn.get_range(begin, end, limit=page, snapshot=True)
+        full = len(got) == page
+        if pairs and got and got[0][0] == pairs[-1][0]:
+            got = got[1:]  # a page starts at the previous page's last key
+        pairs.extend(got)
+        if not full:
+            return [(k, v) for k, v in pairs if k != prefix]  # its extensions only
+        begin = pairs[-1][0]
+
+
+def _read_counters(store: Any, opts: MillstreamOptions) -> pa.Table:
     """``key`` and each counter, from the ``counters`` job's output (either layout)."""
     from millstream.state import decode_int64s
 
     from bench.millstream_jobs import KEYSPACE
 
     counters = counter_names(opts.counters)
-    pairs = txn.get_range_startswith(("out", KEYSPACE), snapshot=True)
+    pairs = _read_range(store, ("out", KEYSPACE))
     lanes = [decode_int64s(v, len(counters)) for _, v in pairs]
     table = pa.table(
         {
@@ -241,40 +291,36 @@ def _read_counters(txn: Any, opts: MillstreamOptions) -> pa.Table:
     return table.sort_by("key")
 
 
-def read_results(run_dir: Path, kind: str, opts: MillstreamOptions | None = None) -> pa.Table:
+def read_results(
+    run_dir: Path, kind: str, opts: MillstreamOptions | None = None, store: str | None = None
+) -> pa.Table:
     """The processor's output as ``key, total``, ``key, count, s0, s1, s2`` or ``key`` and
     the counters, by key."""
     from millstream.state import decode_int64, open_store
     from millstream.state.limits import StoreLimits
 
-    # One snapshot of a finished run; millions of keys take longer to read than the 5 s a
-    # transaction of the job may run.
-    store = open_store(
-        f"sqlite:///{run_dir / 'state.db'}",
+    # A finished run, read page by page; a page of many keys may take longer than the 5 s
+    # a transaction of the job may run.
+    opened = open_store(
+        store or f"sqlite:///{run_dir / 'state.db'}",
         prefix=(NAME,),
         limits=StoreLimits(max_transaction_seconds=3600.0),
     )
     try:
-        txn = store.create_transaction()
-        try:
-            if kind == "counters":
-                return _read_counters(txn, opts or MillstreamOptions())
-            if kind == "keyed_sum":
-                pairs = txn.get_range_startswith(("out", "sum"), snapshot=True)
-                return pa.table(
-                    {
-                        "key": pa.array([k[-1] for k, _ in pairs], pa.int64()),
-                        "total": pa.array([decode_int64(v) for _, v in pairs], pa.int64()),
-                    }
-                )
-            counts = {
-                k[-1]: v for k, v in txn.get_range_startswith(("out", "count"), snapshot=True)
-            }
-            smallest = txn.get_range_startswith(("out", "smallest"), snapshot=True)
-        finally:
-            txn.reset()
+        if kind == "counters":
+            return _read_counters(opened, opts or MillstreamOptions())
+        if kind == "keyed_sum":
+            pairs = _read_range(opened, ("out", "sum"))
+            return pa.table(
+                {
+                    "key": pa.array([k[-1] for k, _ in pairs], pa.int64()),
+                    "total": pa.array([decode_int64(v) for _, v in pairs], pa.int64()),
+                }
+            )
+        counts = {k[-1]: v for k, v in _read_range(opened, ("out", "count"))}
+        smallest = _read_range(opened, ("out", "smallest"))
     finally:
-        store.close()
+        opened.close()
     keys = [k[-1] for k, _ in smallest]
     kept = [(v.decode().split(SEPARATOR) + [None] * SMALLEST)[:SMALLEST] for _, v in smallest]
     payload = SCHEMA.field("payload").type
@@ -319,9 +365,10 @@ def measure(
     )
     load_after = loadavg()
     log(f"    verifying {expected.num_rows:,} keys")
-    verification = compare(expected, read_results(run_dir, kind, opts))
+    verification = compare(expected, read_results(run_dir, kind, opts, opts.store))
     written = {
-        "total": report.write_bytes,
+        "total": report.write_bytes + report.extra["store_server_bytes"],
+        "store_server": report.extra["store_server_bytes"],
         "net": report.net_write_bytes,
         "wchar": report.wchar,
         "wait4_oublock": report.wait4_oublock_bytes or 0,
@@ -349,8 +396,8 @@ def measure(
             write_output=False,
             log=log,
         )
-        written["state"] = quiet.write_bytes
-        written["output"] = max(0, report.write_bytes - quiet.write_bytes)
+        written["state"] = quiet.write_bytes + quiet.extra["store_server_bytes"]
+        written["output"] = max(0, written["total"] - written["state"])
         settings["bookkeeping_run"] = {"commits": len(quiet_commits), "summary": quiet_summary}
     return RunResult(
         system=opts.system,
@@ -402,6 +449,19 @@ def add_millstream_arguments(parser: argparse.ArgumentParser) -> None:
         help="counters workload: one output keyspace for all reducers, or one per reducer",
     )
     parser.add_argument(
+        "--store",
+        default=None,
+        help="the state store's URL (fdb://<cluster file>, emptied first); default: SQLite "
+        "in the run directory",
+    )
+    parser.add_argument(
+        "--store-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="a process serving the store (fdbserver): its writes count (repeatable)",
+    )
+    parser.add_argument(
         "--no-bookkeeping-run",
         action="store_true",
         help="skip the run without output writes (no state/output split)",
@@ -418,6 +478,8 @@ def options_from_args(args: argparse.Namespace) -> MillstreamOptions:
         runner=args.runner,
         counters=args.counters,
         layout=args.layout,
+        store=args.store,
+        store_pids=tuple(args.store_pid),
     )
 
 

@@ -12,6 +12,7 @@ from millstream.spark.hosts import (
     check_deployment,
     executor_host,
     is_local_master,
+    master_on_loopback,
     route_address,
 )
 
@@ -139,3 +140,33 @@ def test_plaintext_beyond_loopback_is_refused_on_every_master(where: Deployment)
     check_deployment(processor(bind_host="127.0.0.1", plaintext=False), where)
     tls = Deployment(where.master, where.single_host, "127.0.0.1", 7078, executor_tls=True)
     check_deployment(processor(bind_host="0.0.0.0", plaintext=False), tls)
+
+
+@pytest.mark.parametrize(
+    ("master", "here"),
+    [
+        ("spark://127.0.0.1:7077", True),
+        ("spark://127.0.0.1:7077,127.0.0.2:7077", True),
+        ("spark://[::1]:7077", True),
+        ("spark://localhost:7077", True),
+        ("spark://127.0.0.1:7077,10.0.0.2:7077", False),
+        (CLUSTER, False),
+        ("k8s://https://127.0.0.1:6443", False),  # a local API server schedules pods anywhere
+        ("yarn", False),
+    ],
+)
+def test_master_on_loopback(master: str, here: bool) -> None:
+    assert master_on_loopback(master) is here
+
+
+def test_a_standalone_master_on_loopback_takes_fdb_without_single_host() -> None:
+    """Only this machine's workers register with a master on loopback: each executor
+    advertises its own loopback address, and FoundationDB needs no single_host; SQLite
+    still does (the store a deployment keeps when it grows past one machine)."""
+    here = deployment("spark://127.0.0.1:7077")
+    fdb = processor(plaintext=False)
+    check_deployment(fdb, here)
+    assert here.worker_host(fdb, {"SPARK_LOCAL_IP": "127.0.0.2"}) == "127.0.0.2"
+    check_deployment(processor(advertise_host="127.0.0.1", plaintext=False), here)
+    with pytest.raises(ConfigurationError, match=r"SQLite store .*single_host=True"):
+        check_deployment(processor("sqlite:///tmp/millstream-hosts-test.db"), here)

@@ -9,7 +9,9 @@ beyond Spark itself.
 
 The module starts the cluster once (about 20 s on a loaded 2-core machine): first
 ``spark-submit`` runs the example against it, then one session runs the keyed sum through
-a killed Python worker, a cluster that is still coming up, and a lost executor.
+a killed Python worker, a cluster that is still coming up, and a lost executor, and once
+more with its state on the session's FoundationDB cluster and no ``single_host`` (the
+design's deployment) through a killed mapper and reducer.
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ from typing import Any
 import millstream as ms
 import pytest
 from millstream.exceptions import ConfigurationError
+from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import WorkerInfo
 from millstream.spark import run
 from millstream.spark.slots import available_slots
+from millstream.state import open_store
+from millstream.state.fdb_backend import HOME_VARIABLE
 from standalone import MASTER_HOST, StandaloneCluster, require_spark, spark_submit
 from test_spark_run import (
+    NAME,
     Background,
     append_and_seal,
     expected_sums,
@@ -39,6 +45,7 @@ from test_spark_run import (
     workers,
 )
 
+from examples.keyed_sum import PreAggregate, SumIntoStore
 from tests.sockets import listening_hosts
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
@@ -231,3 +238,74 @@ def test_sqlite_on_the_cluster_is_refused_unless_single_host(
     with pytest.raises(ConfigurationError, match=r"SQLite store .* non-local master 'spark://"):
         run(cluster_spark, processor, timeout=60)
     assert workers(processor, "mapper") == []
+
+
+def _fdb_processor(url: str) -> tuple[ms.Processor, StoreQueue]:
+    """The keyed sum of :func:`make_processor` with its queue and state on FoundationDB."""
+    store = open_store(url)
+    try:
+        store.transact(lambda txn: txn.clear_range_startswith(()))
+    finally:
+        store.close()
+    queue = StoreQueue(url, "input", 2, prefix=(NAME,))
+    processor = ms.Processor(
+        mapper=PreAggregate,
+        reducer=SumIntoStore,
+        input=queue,
+        store=url,
+        num_reducers=2,
+        name=NAME,
+        tuning=ms.Tuning(batch_rows=2_000, commit_interval_seconds=0.1, heartbeat_seconds=0.2),
+    )
+    return processor, queue
+
+
+@pytest.mark.fdb
+def test_keyed_sum_on_foundationdb_without_single_host(cluster_spark: Any, fdb_url: str) -> None:
+    """The design's deployment: every executor reaches the store by its cluster file, so
+    the run needs no ``single_host`` (SQLite needs it; the executors' loopback addresses
+    need none under a master on loopback, which only this machine's workers can join). A
+    mapper's and a reducer's Python workers are killed mid-run; the totals stay exact."""
+    processor, queue = _fdb_processor(fdb_url)
+    # The executors load libfdb_c from the same folder as this process.
+    if HOME_VARIABLE in os.environ:
+        cluster_spark.sparkContext.environment[HOME_VARIABLE] = os.environ[HOME_VARIABLE]
+    first, second = make_rows(10_000, seed=21), make_rows(10_000, seed=22)
+    for p in range(2):
+        queue.append(p, first.slice(p * 5_000, 5_000))
+    background = Background(cluster_spark, processor, timeout=240)
+    mappers = wait_for(
+        lambda: (
+            (background.thread.is_alive() or background.join())  # raises a refusal
+            and (found := workers(processor, "mapper"))
+            and len(found) == 2
+            and found
+        ),
+        120,
+        "both mappers",
+    )
+    reducers = wait_for(
+        lambda: (found := workers(processor, "reducer")) and len(found) == 2 and found,
+        60,
+        "both reducers",
+    )
+    check_mapper_addresses(mappers)
+    victims = [("mapper", mappers[0]), ("reducer", reducers[1])]
+    for _, victim in victims:
+        os.kill(victim.pid, signal.SIGKILL)
+    wait_for(
+        lambda: all(
+            any(w.index == v.index and w.pid != v.pid for w in workers(processor, role))
+            for role, v in victims
+        ),
+        120,
+        "Spark to retry the killed mapper and reducer",
+    )
+    check_mapper_addresses(workers(processor, "mapper"))
+    append_and_seal(queue, second)
+
+    summary = background.join(240)
+
+    assert summary.restarts >= 2
+    assert summary.rows_read == 20_000
+    assert got_sums(processor) == expected_sums(first, second)

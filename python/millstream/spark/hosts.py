@@ -9,7 +9,10 @@ interface that routes to the driver. ``Tuning.advertise_host`` overrides all thr
 Two setups work on one machine and silently break on several, so :func:`check_deployment`
 refuses them on a non-local master unless the user states that every executor runs on
 this host (``single_host=True``): the embedded SQLite store (each host would open its own
-file) and a loopback advertised address (a reducer would dial its own host).
+file) and a loopback advertised address (a reducer would dial its own host). A standalone
+master on a loopback address (``spark://127.0.0.1:7077``) needs no such statement for the
+addresses: only this machine's workers can register with it, so loopback reaches every
+executor. It still needs one for SQLite, the store a deployment keeps as it grows.
 """
 
 from __future__ import annotations
@@ -39,6 +42,16 @@ def is_local_master(master: str) -> bool:
     """Whether every executor of ``master`` runs on this machine (``local[...]``,
     ``local-cluster[...]``)."""
     return bool(_LOCAL_MASTER.match(master.strip()))
+
+
+def master_on_loopback(master: str) -> bool:
+    """Whether ``master`` is a standalone master on loopback addresses only
+    (``spark://127.0.0.1:7077``): only this machine's workers can register with it."""
+    found = re.match(r"^spark://(.+)$", master.strip())
+    if not found:
+        return False
+    hosts = [entry.rpartition(":")[0] or entry for entry in found.group(1).split(",")]
+    return all(is_loopback(host) for host in hosts)
 
 
 def route_address(host: str, port: int) -> str | None:
@@ -105,6 +118,12 @@ class Deployment:
         """Every executor runs on this machine: a local master, or stated by the user."""
         return self.single_host or is_local_master(self.master)
 
+    @property
+    def executors_here(self) -> bool:
+        """Every executor runs on this machine, so loopback addresses reach them all:
+        :attr:`on_one_host`, or a standalone master on a loopback address."""
+        return self.on_one_host or master_on_loopback(self.master)
+
     def worker_host(self, processor: Processor, environ: Mapping[str, str] = os.environ) -> str:
         """The address a worker in this executor advertises and binds, checked.
 
@@ -116,7 +135,7 @@ class Deployment:
         if processor.tuning.advertise_host:
             return processor.tuning.advertise_host
         host, source = executor_host(self.driver_host, self.driver_port, environ)
-        if is_loopback(host) and not self.on_one_host:
+        if is_loopback(host) and not self.executors_here:
             raise ConfigurationError(
                 _loopback_refused(
                     host,
@@ -170,7 +189,7 @@ def check_deployment(processor: Processor, deployment: Deployment) -> None:
     if is_local_master(master) or t.bind_host or t.advertise_host:
         tls = tls or (is_local_master(master) and bool(os.environ.get(TLS_ENV["tls_ca_file"])))
         check_exposure(mapper_address(t).bind, tls=tls, tuning=t, where=where)
-    elif not deployment.single_host:
+    elif not deployment.single_host and not master_on_loopback(master):
         check_exposure(None, tls=tls, tuning=t, where=where)
     # Executors on this host that advertise their own addresses check them themselves.
     if deployment.on_one_host:
@@ -184,7 +203,7 @@ def check_deployment(processor: Processor, deployment: Deployment) -> None:
             "single_host=True to millstream.spark.run."
         )
     advertised = processor.tuning.advertise_host
-    if advertised and is_loopback(advertised):
+    if advertised and is_loopback(advertised) and not deployment.executors_here:
         raise ConfigurationError(
             _loopback_refused(
                 advertised,
@@ -203,5 +222,6 @@ __all__ = [
     "deployment_of",
     "executor_host",
     "is_local_master",
+    "master_on_loopback",
     "route_address",
 ]
