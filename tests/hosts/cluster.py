@@ -1,20 +1,23 @@
-"""Hosts with networks of their own: Linux network namespaces joined by a mesh of veth pairs.
+"""Hosts with networks of their own: Linux network namespaces wired pairwise.
 
 Each host is a network namespace with one address in ``127.10.0.0/24`` (on its loopback
-device, routed to every other host over a veth pair of its own). A per-pair mesh instead of
-a bridge: this kernel has neither ``iptables`` nor ``nft`` (nor ``tc netem``), so the only
-way to cut one pair of hosts and not the others is to take that pair's link down. Every cut
-is expressed that way:
+device) and a link to every other host: a veth pair into a *wire* namespace of that pair of
+hosts, where a bridge joins the two ends (the switch port of that pair). This kernel has
+neither ``iptables`` nor ``nft`` (nor ``tc netem``), so a per-pair switch is the way to cut
+one pair of hosts and not the others. Two kinds of cut:
 
-- :meth:`Cluster.isolate`: one host from all others (all its links down);
-- :meth:`Cluster.partition`: two halves (every link across them down);
-- :meth:`Cluster.cut`: one host from a subset only.
+- **link down** (:meth:`Cluster.isolate`): the host's own links go down, its processes
+  live on; the host sees it (its routes go), the other hosts see nothing: packets to it
+  are dropped without a reset.
+- **switch drop** (:meth:`Cluster.partition` for two halves, :meth:`Cluster.cut` for one
+  host from a subset): the wire's ports leave its bridge; both hosts keep their links up,
+  and every packet between them is dropped silently.
 
-A link taken down drops packets without a reset: TCP connections across it stay open on
-both sides (half-open) until a keepalive or deadline gives up on them, as on a real switch
-failure. Delays and loss are not expressible (no netem). Nothing is created in the root
-namespace: the namespaces and their veth pairs are removed by :meth:`Cluster.close`
-(also at exit), and namespaces left by a test process that died are removed by the next.
+Either way TCP connections across a cut stay open on both sides (half-open) until a
+keepalive or a deadline gives up on them, as on a real network. Delays and loss are not
+expressible (no netem). Nothing is created in the root namespace: the namespaces (and the
+veth pairs in them) are removed by :meth:`Cluster.close`, at exit, and, for a test process
+that died, by the next one (:func:`remove_stale`).
 """
 
 from __future__ import annotations
@@ -120,7 +123,11 @@ class Cluster:
 
     size: int
     hosts: list[Host] = field(default_factory=list)
-    _down: set[frozenset[int]] = field(default_factory=set)
+    _wires: list[str] = field(default_factory=list)
+    _dropped: set[frozenset[int]] = field(default_factory=set)
+    """Pairs whose switch port drops everything."""
+    _isolated: set[int] = field(default_factory=set)
+    """Hosts whose links are down."""
 
     def __post_init__(self) -> None:
         if not 2 <= self.size <= 250:
@@ -129,10 +136,11 @@ class Cluster:
         tag = f"{PREFIX}{os.getpid()}"
         taken = {n for n in _namespaces() if n.startswith(tag + "-")}
         serial = next(i for i in itertools.count() if f"{tag}-{i}x0" not in taken)
+        self._tag = f"{tag}-{serial}"
         atexit.register(self.close)
         try:
             for i in range(self.size):
-                host = Host(i, f"{tag}-{serial}x{i}", f"{SUBNET}.{i + 1}")
+                host = Host(i, f"{self._tag}x{i}", f"{SUBNET}.{i + 1}")
                 _ip("netns", "add", host.netns)
                 self.hosts.append(host)
                 subprocess.run(
@@ -150,8 +158,19 @@ class Cluster:
                     ],
                 )
             for a, b in itertools.combinations(self.hosts, 2):
+                wire = self._wire(a.index, b.index)
+                _ip("netns", "add", wire)
+                self._wires.append(wire)
+                _batch(a.netns, [f"link add v{b.index} type veth peer name pa netns {wire}"])
+                _batch(b.netns, [f"link add v{a.index} type veth peer name pb netns {wire}"])
                 _batch(
-                    a.netns, [f"link add v{b.index} type veth peer name v{a.index} netns {b.netns}"]
+                    wire,
+                    [
+                        "link add name sw type bridge",
+                        "link set sw up",
+                        *(f"link set dev p{end} master sw" for end in "ab"),
+                        *(f"link set dev p{end} up" for end in "ab"),
+                    ],
                 )
             for a in self.hosts:
                 commands = []
@@ -163,6 +182,10 @@ class Cluster:
             self.close()
             raise
 
+    def namespaces(self) -> list[str]:
+        """Every namespace of the cluster: the hosts' and the wires'."""
+        return [h.netns for h in self.hosts] + self._wires
+
     def __enter__(self) -> Cluster:
         return self
 
@@ -172,62 +195,73 @@ class Cluster:
     def close(self) -> None:
         """Kill every process inside the hosts and remove them (idempotent)."""
         hosts, self.hosts = self.hosts, []
-        for host in hosts:
-            _remove(host.netns)
+        wires, self._wires = self._wires, []
+        for name in [h.netns for h in hosts] + wires:
+            _remove(name)
         atexit.unregister(self.close)
 
     def _route(self, source: int, target: int) -> str:
         a, b = self.hosts[source], self.hosts[target]
         return f"route replace {b.address}/32 dev v{b.index} src {a.address}"
 
+    def _wire(self, a: int, b: int) -> str:
+        return f"{self._tag}w{min(a, b)}-{max(a, b)}"
+
     # ---- cuts ------------------------------------------------------------------------
 
-    def _set(self, pairs: Iterable[tuple[int, int]], state: str) -> None:
-        by_host: dict[int, list[str]] = {}
+    def _switch(self, pairs: Iterable[tuple[int, int]], drop: bool) -> None:
         for a, b in pairs:
-            if a == b:
+            pair = frozenset((a, b))
+            if a == b or (pair in self._dropped) == drop:
                 continue
-            for x, y in ((a, b), (b, a)):
-                commands = by_host.setdefault(x, [])
-                commands.append(f"link set v{y} {state}")
-                if state == "up":  # a link set down loses its routes: put them back
-                    commands.append(self._route(x, y))
-            if state == "down":
-                self._down.add(frozenset((a, b)))
-            else:
-                self._down.discard(frozenset((a, b)))
-        for index, commands in by_host.items():
-            _batch(self.hosts[index].netns, commands)
+            how = "nomaster" if drop else "master sw"
+            _batch(self._wire(a, b), [f"link set dev pa {how}", f"link set dev pb {how}"])
+            (self._dropped.add if drop else self._dropped.discard)(pair)
 
     def cut(self, host: int, others: Iterable[int]) -> None:
-        """Cut ``host`` from ``others`` only (their links down; the rest stay up)."""
-        self._set(((host, o) for o in others), "down")
-
-    def isolate(self, host: int) -> None:
-        """Cut ``host`` from every other host (its link down)."""
-        self.cut(host, range(self.size))
+        """Cut ``host`` from ``others`` only: the switch drops what they send each other."""
+        self._switch(((host, o) for o in others), drop=True)
 
     def partition(self, side: Iterable[int]) -> None:
-        """Cut the hosts in two: ``side`` and the rest."""
+        """Cut the hosts in two, ``side`` and the rest: the switch drops what crosses."""
         one = set(side)
-        self._set(((a, b) for a in one for b in range(self.size) if b not in one), "down")
+        self._switch(((a, b) for a in one for b in range(self.size) if b not in one), True)
+
+    def isolate(self, host: int) -> None:
+        """Cut ``host`` from every other host: its links go down (its processes live on)."""
+        _batch(
+            self.hosts[host].netns,
+            [f"link set v{o} down" for o in range(self.size) if o != host],
+        )
+        self._isolated.add(host)
 
     def heal(self) -> None:
-        """Bring every link back up."""
-        pairs = [tuple(sorted(p)) for p in self._down]
-        self._set(((a, b) for a, b in pairs), "up")
+        """Bring every link back up and the switch back to forwarding."""
+        for host in sorted(self._isolated):
+            commands = []
+            for o in range(self.size):
+                if o != host:  # a link set down lost its routes: put them back
+                    commands += [f"link set v{o} up", self._route(host, o)]
+            _batch(self.hosts[host].netns, commands)
+        self._isolated.clear()
+        self._switch([tuple(sorted(p)) for p in self._dropped], drop=False)  # type: ignore[misc]
 
     def cut_pairs(self) -> set[frozenset[int]]:
-        """The pairs of hosts whose link is down, as the hosts' own links report it."""
+        """The pairs of hosts cut apart, as the hosts' links and the wires' bridges report
+        it."""
         down = set()
         for host in self.hosts:
             for line in _ip("-n", host.netns, "-o", "link", "show").splitlines():
                 name = line.split(":")[1].strip().split("@")[0]
                 if name.startswith("v") and "state DOWN" in line:
                     down.add(frozenset((host.index, int(name[1:]))))
+        for a, b in itertools.combinations(range(self.size), 2):
+            ports = _ip("-n", self._wire(a, b), "-o", "link", "show", "master", "sw")
+            if ports.count("master sw") < 2:
+                down.add(frozenset((a, b)))
         return down
 
-    def reaches(self, source: int, target: int, port: int, timeout: float = 1.0) -> bool:
+    def reaches(self, source: int, target: int, port: int, timeout: float = 0.5) -> bool:
         """Whether a TCP connection from ``source`` to ``target``'s ``port`` is answered
         (accepted or refused) within ``timeout``."""
         host = self.hosts[target]

@@ -52,7 +52,8 @@ def test_hosts_reach_each_other_and_cuts_cut_only_what_they_name() -> None:
 def test_processes_run_in_their_host_and_nothing_is_left_behind() -> None:
     with Cluster(2) as c:
         names = _ours()
-        assert names == {h.netns for h in c.hosts}
+        assert names == set(c.namespaces())
+        assert len(names) == 3  # two hosts and their wire
         child = subprocess.Popen(c.hosts[1].exec_args(["sleep", "60"]))
         try:
             inside = subprocess.run(
