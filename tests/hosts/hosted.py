@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +15,9 @@ import millstream as ms
 import pyarrow as pa
 from cluster import Cluster
 from jobs import KeyedSumMapper
+from millstream.ledger import RunSummary
 from millstream.ledger.discovery import list_workers
+from millstream.ledger.reducer import read_reducer_state
 from millstream.runner.local import LocalRunner
 from millstream.runner.placement import WorkerHost
 from tls_files import SERVER_NAME, make_certificates
@@ -101,3 +103,44 @@ class GatedKeyedSumMapper(KeyedSumMapper):
         if os.path.exists(str(self.config["gate"])):
             time.sleep(float(self.config.get("map_seconds", 0.1)))
         return super().map(batch)
+
+
+def committed(processor: ms.Processor) -> list[tuple[int, ...]]:
+    """Each reducer's committed shuffle index per mapper (its persisted state), now."""
+    store = processor.open_store()
+    try:
+        txn = store.create_transaction()
+        try:
+            return [
+                read_reducer_state(
+                    txn, r, processor.num_mappers, snapshot=True
+                ).committed_row_indices
+                for r in range(processor.num_reducers)
+            ]
+        finally:
+            txn.reset()
+    finally:
+        store.close()
+
+
+def run_until(runner: LocalRunner, condition: Callable[[], bool], what: str) -> None:
+    """Keep ``runner`` going (restarts) until ``condition()``; fail naming ``what`` if that
+    takes more than :data:`PATIENCE_SECONDS`."""
+    give_up = time.monotonic() + PATIENCE_SECONDS
+    while not condition():
+        assert not runner.poll(), f"the run drained before {what}"
+        assert time.monotonic() < give_up, f"not {what} within {PATIENCE_SECONDS:.0f}s"
+        time.sleep(0.05)
+
+
+PATIENCE_SECONDS = 120.0
+"""How long :func:`run_until` waits: a bound that only a hung run reaches, not a timing."""
+
+
+def drain(runner: LocalRunner) -> RunSummary:
+    """Keep ``runner`` going until the run drained (at most :data:`PATIENCE_SECONDS`)."""
+    give_up = time.monotonic() + PATIENCE_SECONDS
+    while not runner.poll():
+        assert time.monotonic() < give_up, f"not drained within {PATIENCE_SECONDS:.0f}s"
+        time.sleep(0.05)
+    return runner.finish()
