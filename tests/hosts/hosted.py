@@ -144,3 +144,13 @@ def drain(runner: LocalRunner) -> RunSummary:
         assert time.monotonic() < give_up, f"not drained within {PATIENCE_SECONDS:.0f}s"
         time.sleep(0.05)
     return runner.finish()
+
+
+class GatedWindowMapper(ms.windows.WindowMapper):
+    """:class:`~millstream.windows.WindowMapper` slowed while ``config["gate"]`` exists
+    (as :class:`GatedKeyedSumMapper`)."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        if os.path.exists(str(self.config["gate"])):
+            time.sleep(float(self.config.get("map_seconds", 0.1)))
+        return super().map(batch)

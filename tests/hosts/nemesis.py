@@ -53,9 +53,14 @@ class Cut:
         return f"{self.kind}({self.what or self.target}) {self.hold:.1f}s {mark}"
 
 
-def plan(seed: int, layout: Layout, kinds: tuple[str, ...] = CUTS) -> list[Cut]:
-    """Every cut of ``kinds`` once, in a seeded order, at seeded moments and on seeded
-    targets."""
+def plan(
+    seed: int,
+    layout: Layout,
+    kinds: tuple[str, ...] = CUTS,
+    holds: tuple[float, float] = (1.0, 6.0),
+) -> list[Cut]:
+    """Every cut of ``kinds`` once, in a seeded order, at seeded moments, on seeded targets,
+    each held for a seeded time within ``holds`` seconds."""
     rng = random.Random(seed)
     order = list(kinds)
     rng.shuffle(order)
@@ -64,13 +69,13 @@ def plan(seed: int, layout: Layout, kinds: tuple[str, ...] = CUTS) -> list[Cut]:
         if kind == "mapper_from_reducers":
             target = rng.choice(layout.mapper_hosts())
         elif kind in ("pause", "kill"):
-            target = rng.randrange(layout.num_mappers + layout.num_reducers)
+            target = rng.randrange(1 << 16)  # a worker: taken modulo the live ones
         else:
             target = rng.randrange(layout.size)
         side: tuple[int, ...] = ()
         if kind == "halves":  # each half with a mapper host and a reducer host at least
             side = (rng.choice(layout.mapper_hosts()), rng.choice(layout.reducer_hosts()))
-        cuts.append(Cut(kind, rng.uniform(0.3, 1.5), rng.uniform(1.0, 3.0), target, side))
+        cuts.append(Cut(kind, rng.uniform(0.3, 1.5), rng.uniform(*holds), target, side))
     return cuts
 
 
@@ -83,14 +88,15 @@ def _state(pid: int) -> str | None:
 
 @dataclass
 class Nemesis:
-    """Applies ``cuts`` to ``cluster`` and ``runner``'s workers on a thread of its own.
+    """Applies ``cuts`` to ``cluster`` and the workers of ``runners`` (the stages of a
+    pipeline, or one processor's runner) on a thread of its own.
 
     Use as a context manager around the run; ``healed_at`` is the monotonic time of the
     final heal (None until then).
     """
 
     cluster: Cluster
-    runner: LocalRunner
+    runners: list[LocalRunner]
     layout: Layout
     cuts: list[Cut]
     healed_at: float | None = None
@@ -127,10 +133,15 @@ class Nemesis:
     def _apply(self, cut: Cut) -> None:
         c, layout = self.cluster, self.layout
         if cut.kind in ("pause", "kill"):
-            workers = sorted((w for w in self.runner.pids() if w[2] == 0), key=str)
-            role, index, _ = workers[cut.target % len(workers)]
-            pid = self.runner.pids().get((role, index, 0))
-            cut.what = f"{role} {index}"
+            workers = sorted(
+                ((i, wid) for i, r in enumerate(self.runners) for wid in r.pids() if wid[2] == 0),
+                key=str,
+            )
+            stage, wid = workers[cut.target % len(workers)]
+            pid = self.runners[stage].pids().get(wid)
+            cut.what = f"{wid[0]} {wid[1]}" + (
+                f" of stage {stage}" if len(self.runners) > 1 else ""
+            )
             if pid is None or _state(pid) in (None, "Z"):
                 return  # between a death and its restart: not landed
             if cut.kind == "kill":

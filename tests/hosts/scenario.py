@@ -1,27 +1,147 @@
-"""One seed of the nemesis: a keyed sum on hosts of their own, cut apart while it runs,
-checked exact once it drained."""
+"""One seed of the nemesis: a job on hosts of their own, cut apart while it runs, checked
+exact once it drained.
+
+Jobs: ``keyed_sum`` (the CI test's), ``windows`` (tumbling event-time windows into a
+Parquet sink) and ``pipeline`` (a keyed sum whose reducers append partial sums to a store
+queue, read by a second processor: the queue reducer's path). Every job's mappers are
+slowed while the nemesis runs (a gate file) and run at full speed once it healed.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import millstream as ms
 from cluster import Cluster
-from hosted import GatedKeyedSumMapper, Layout, hosted_runner, with_tls
-from jobs import expected_sums, keyed_processor, read_output, tuning, write_keyed_input
-from millstream import RestartStrategy
+from hosted import GatedKeyedSumMapper, GatedWindowMapper, Layout, with_tls
+from jobs import (
+    EVENT_DISORDER_MS,
+    EVENT_WINDOWS,
+    KeyedSumReducer,
+    PassThroughMapper,
+    SumsToQueueReducer,
+    expected_sums,
+    expected_windows,
+    keyed_processor,
+    read_output,
+    tuning,
+    write_event_input,
+    write_keyed_input,
+    written_windows,
+)
+from millstream.inputs import StoreQueue
+from millstream.outputs import ParquetSink
+from millstream.runner.local import LocalRunner
 from nemesis import CUTS, Nemesis, plan
 
 DRAIN_SECONDS = 60.0
 """The run must drain within this long after the nemesis's final heal: a GetRows call
 stuck on a connection that a cut left half-open would hold it longer."""
 
+JOBS = ("keyed_sum", "windows", "pipeline")
+
+
+@dataclass
+class Job:
+    """The processors of one job (the stages of a pipeline, in order) and its check."""
+
+    processors: list[ms.Processor]
+    check: Callable[[], None]
+    rows: int
+
+
+def _tune(directory: Path) -> ms.Tuning:
+    tune = tuning(batch_rows=1_000, restart=ms.RestartStrategy(max_restarts=100))
+    return with_tls(tune, directory / "tls")
+
+
+def keyed_sum(directory: Path, seed: int, gate: Path, rows: int) -> Job:
+    """Sums per key; exact against pyarrow's group-by."""
+    data = write_keyed_input(directory / "in", rows, partitions=2, file_rows=50_000, seed=seed)
+    processor = keyed_processor(
+        data,
+        directory / "state.db",
+        tune=_tune(directory),
+        mapper=GatedKeyedSumMapper,
+        config={"gate": str(gate), "map_seconds": 0.1},
+    )
+
+    def check() -> None:
+        assert read_output(processor, "sum") == expected_sums(data), "sums differ"
+
+    return Job([processor], check, rows)
+
+
+def windows(directory: Path, seed: int, gate: Path, rows: int) -> Job:
+    """Tumbling one-minute windows into a Parquet sink; exact against pyarrow, none late."""
+    data = write_event_input(directory / "in", rows, disorder_ms=EVENT_DISORDER_MS, seed=seed)
+    state = directory / "state.db"
+    sink = ParquetSink(f"sqlite:///{state}", "per-minute", str(directory / "out"))
+    processor = ms.Processor(
+        mapper=GatedWindowMapper,
+        reducer=ms.windows.WindowReducer,
+        input=ms.inputs.ParquetLog(str(data)),
+        store=f"sqlite:///{state}",
+        num_reducers=2,
+        config={"windows": EVENT_WINDOWS, "gate": str(gate), "map_seconds": 0.1},
+        outputs=[sink],
+        tuning=_tune(directory),
+    )
+
+    def check() -> None:
+        assert ms.windows.late_rows(processor) == 0, "rows dropped as late"
+        assert written_windows(sink) == expected_windows(data), "windows differ"
+
+    return Job([processor], check, rows)
+
+
+def pipeline(directory: Path, seed: int, gate: Path, rows: int) -> Job:
+    """Partial sums through a store queue into a second keyed sum; exact end to end."""
+    data = write_keyed_input(directory / "in", rows, partitions=2, file_rows=50_000, seed=seed)
+    state = directory / "state.db"
+    partials = StoreQueue(f"sqlite:///{state}", "partials", 2)
+    tune = _tune(directory)
+    first = keyed_processor(
+        data,
+        state,
+        mapper=GatedKeyedSumMapper,
+        reducer=SumsToQueueReducer,
+        name="first",
+        config={"queue": "partials", "gate": str(gate), "map_seconds": 0.1},
+        tune=tune,
+    )
+    first = ms.Processor(**{**first.__dict__, "outputs": [partials]})
+    second = ms.Processor(
+        mapper=PassThroughMapper,
+        reducer=KeyedSumReducer,
+        input=partials,
+        store=first.store,
+        num_reducers=2,
+        name="second",
+        tuning=tune,
+    )
+
+    def check() -> None:
+        assert read_output(second, "sum") == expected_sums(data), "sums differ"
+
+    return Job([first, second], check, rows)
+
+
+BUILDERS: dict[str, Callable[[Path, int, Path, int], Job]] = {
+    "keyed_sum": keyed_sum,
+    "windows": windows,
+    "pipeline": pipeline,
+}
+
 
 @dataclass
 class SeedResult:
     """What one seed did: the cuts (all landed), restarts, and the drain after the heal."""
 
+    job: str
     seed: int
     cuts: str
     restarts: int
@@ -30,50 +150,61 @@ class SeedResult:
 
     def __str__(self) -> str:
         return (
-            f"seed {self.seed}: {self.rows} rows exact, {self.restarts} restarts, drained "
-            f"{self.seconds_to_drain_after_heal:.1f}s after the final heal; cuts: {self.cuts}"
+            f"{self.job} seed {self.seed}: {self.rows} rows exact, {self.restarts} restarts, "
+            f"drained {self.seconds_to_drain_after_heal:.1f}s after the final heal; "
+            f"cuts: {self.cuts}"
         )
 
 
-def run_keyed_sum(
-    seed: int, directory: Path, *, rows: int = 400_000, kinds: tuple[str, ...] = CUTS
+def run_seed(
+    job: str,
+    seed: int,
+    directory: Path,
+    *,
+    rows: int = 400_000,
+    kinds: tuple[str, ...] = CUTS,
+    holds: tuple[float, float] = (1.0, 6.0),
 ) -> SeedResult:
-    """Run the keyed sum under the nemesis of ``seed``; raises AssertionError if a cut did
-    not land, the run did not drain in :data:`DRAIN_SECONDS` after the final heal, or a
-    sum is not exact."""
-    data = write_keyed_input(directory / "in", rows, partitions=2, file_rows=50_000, seed=seed)
+    """Run ``job`` under the nemesis of ``seed``.
+
+    Raises:
+        AssertionError: A cut did not land, the run did not drain within
+            :data:`DRAIN_SECONDS` of the final heal, or the output is not exact.
+    """
     gate = directory / "gate"
     gate.touch()
-    tune = tuning(batch_rows=1_000, restart=RestartStrategy(max_restarts=100))
-    processor = keyed_processor(
-        data,
-        directory / "state.db",
-        tune=with_tls(tune, directory / "tls"),
-        mapper=GatedKeyedSumMapper,
-        config={"gate": str(gate), "map_seconds": 0.1},
-    )
-    layout = Layout(num_mappers=2, num_reducers=2)
+    built = BUILDERS[job](directory, seed, gate, rows)
+    first = built.processors[0]
+    layout = Layout(num_mappers=first.num_mappers, num_reducers=first.num_reducers)
     with Cluster(layout.size) as cluster:
-        runner = hosted_runner(processor, layout, cluster)
-        runner.start()
+        hosts = layout.placement(cluster)
+        runners = [LocalRunner(p, hosts=hosts, label=True) for p in built.processors]
+        for runner in runners:
+            runner.start()
+        summaries: list[ms.RunSummary | None] = [None] * len(runners)
         try:
-            with Nemesis(cluster, runner, layout, plan(seed, layout, kinds)) as nemesis:
-                while not runner.poll():
+            with Nemesis(cluster, runners, layout, plan(seed, layout, kinds, holds)) as nemesis:
+                while any(s is None for s in summaries):
+                    for i, runner in enumerate(runners):
+                        if summaries[i] is None and runner.poll():
+                            summaries[i] = runner.finish()
                     if nemesis.healed_at is not None:
                         gate.unlink(missing_ok=True)
                         waited = time.monotonic() - nemesis.healed_at
                         assert waited < DRAIN_SECONDS, (
-                            f"seed {seed}: not drained {DRAIN_SECONDS:.0f}s after the final "
-                            f"heal; cuts: {nemesis.report()}"
+                            f"{job} seed {seed}: not drained {DRAIN_SECONDS:.0f}s after the "
+                            f"final heal; cuts: {nemesis.report()}"
                         )
                     time.sleep(0.05)
                 nemesis.drained()
             drained = time.monotonic() - (nemesis.healed_at or time.monotonic())
-            summary = runner.finish()
         except BaseException:
-            runner.stop()
+            for runner in runners:
+                runner.stop()
             raise
     nemesis.check()
-    assert read_output(processor, "sum") == expected_sums(data), f"seed {seed}: sums differ"
-    assert summary.rows_read == rows
-    return SeedResult(seed, nemesis.report(), summary.restarts, rows, drained)
+    built.check()
+    assert summaries[0] is not None
+    assert summaries[0].rows_read == rows
+    restarts = sum(s.restarts for s in summaries if s is not None)
+    return SeedResult(job, seed, nemesis.report(), restarts, rows, drained)
