@@ -79,10 +79,6 @@ def _child_main(
     os.environ.update(environ)
     os.environ[IN_WORKER_ENV] = "1"
 
-    address = LOOPBACK
-    if placement is not None:
-        placement.enter()  # before any thread or socket: they belong to the host's network
-        address = placement.address
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -99,6 +95,10 @@ def _child_main(
         errors.close()
         sys.exit(EXIT_CONFIG_ERROR)
     try:
+        address = LOOPBACK
+        if placement is not None:
+            placement.enter()  # before any thread or socket: they belong to the host's network
+            address = placement.address
         profile_dir = os.environ.get("MILLSTREAM_PROFILE_DIR")
         if profile_dir:
             _profiled(profile_dir, f"{role}-{index}-{os.getpid()}.prof")(
