@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="seeds per job (1..N)")
     parser.add_argument("--first-seed", type=int, default=100)
     parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
-    parser.add_argument("--rows", type=int, default=400_000)
+    parser.add_argument("--rows", type=int, default=200_000, help="at least (more for long cuts)")
     parser.add_argument("--hold", type=float, nargs=2, default=(2.0, 12.0), metavar=("MIN", "MAX"))
     args = parser.parse_args(argv)
     failed = 0
