@@ -22,6 +22,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,9 +177,12 @@ class Nemesis:
         finally:
             c.heal()
 
-    def _wait_for(self, condition: object) -> bool:
+    @staticmethod
+    def _wait_for(condition: Callable[[], bool]) -> bool:
+        """Whether ``condition()`` holds within two seconds (a signal's effect on a
+        process is not synchronous)."""
         for _ in range(100):
-            if callable(condition) and condition():
+            if condition():
                 return True
             time.sleep(0.02)
         return False

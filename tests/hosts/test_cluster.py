@@ -6,14 +6,9 @@ import os
 import subprocess
 
 import pytest
-from cluster import PREFIX, Cluster, remove_stale, require_root
+from cluster import PREFIX, Cluster, remove_stale
 
 pytestmark = pytest.mark.usefixtures("root")
-
-
-@pytest.fixture
-def root() -> None:
-    require_root()
 
 
 def _ours() -> set[str]:
