@@ -49,7 +49,7 @@ def test_a_half_open_connection_is_given_up_during_a_cut_and_remade_after() -> N
             assert watcher.stdout is not None
             assert watcher.stdout.readline().strip() == "connected"
             # Idle (a Hold call under way) through several pings: the mapper accepts them.
-            time.sleep(3 * KEEPALIVE_SECONDS)
+            time.sleep(6 * KEEPALIVE_SECONDS)
             assert set(_ask(watcher, "states").split()) <= {"READY", "-"}
             cluster.cut(reducer.index, [mapper.index])  # the switch drops, no reset
             time.sleep(2 * bound)
