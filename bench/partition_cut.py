@@ -9,9 +9,9 @@ the store runs on a server of its own (FoundationDB). Run as root from the repos
 
     PYTHONPATH=python python -m bench.partition_cut --cut mapper --seconds 60
 
-A part's commit rate is the rows of the mappers' shuffle streams its reducers' committed
-indices advance per second (a reducer's index of a mapper is that mapper's shuffle
-numbering: one count, whoever commits it).
+A part's commit rate is how far its reducers' committed indices advance per second, summed
+over the (reducer, mapper) pairs of the part: shuffle rows (mappers pre-aggregate each
+batch), counted once per reducer.
 """
 
 from __future__ import annotations
