@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import millstream  # noqa: F401  (before any grpc import: it turns gRPC's fork handlers off)
+import pytest
+from fdb_cluster import REQUIRE_VARIABLE, FdbBinaries, find_binaries, start_cluster
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,3 +31,53 @@ settings.load_profile("millstream")
 
 os.environ.setdefault("MILLSTREAM_EXAMPLE_ROWS", "20000")
 os.environ.setdefault("MILLSTREAM_EXAMPLE_DIR", tempfile.mkdtemp(prefix="millstream-examples-"))
+
+# -- FoundationDB ------------------------------------------------------------------------
+# One cluster per session, from $MILLSTREAM_FDB_HOME (default ../shared/fdb beside the
+# repository) or the standard install paths; tests marked ``fdb`` use it through
+# ``fdb_url`` (or start their own from ``fdb_binaries``). Without binaries they skip with
+# one reason; with MILLSTREAM_REQUIRE_FDB=1 (CI) a skipped ``fdb`` test fails instead.
+
+FDB_BINARIES, FDB_MISSING = find_binaries(ROOT)
+EXTERNAL_CLUSTER_FILE = os.environ.get("MILLSTREAM_FDB_CLUSTER_FILE")
+"""A running cluster to use instead of starting one (its cluster file)."""
+
+
+@pytest.fixture(scope="session")
+def fdb_binaries() -> FdbBinaries:
+    """The FoundationDB binaries; skips the test when there are none."""
+    if FDB_BINARIES is None:
+        pytest.skip(FDB_MISSING)
+    return FDB_BINARIES
+
+
+@pytest.fixture(scope="session")
+def fdb_url() -> Iterator[str]:
+    """The store URL of the session's FoundationDB cluster (``fdb://<cluster file>``),
+    started on first use and stopped, its directory removed, when the session ends."""
+    if EXTERNAL_CLUSTER_FILE:
+        yield f"fdb://{EXTERNAL_CLUSTER_FILE}"
+        return
+    if FDB_BINARIES is None:
+        pytest.skip(FDB_MISSING)
+    cluster = start_cluster(FDB_BINARIES)
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under MILLSTREAM_REQUIRE_FDB=1, a skipped FoundationDB test is a failure."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if (
+        report.skipped
+        and os.environ.get(REQUIRE_VARIABLE) == "1"
+        and item.get_closest_marker("fdb") is not None
+        and not hasattr(report, "wasxfail")
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"FoundationDB test skipped under {REQUIRE_VARIABLE}=1: {reason}"

@@ -27,14 +27,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from millstream.inputs.base import ReadResult
-from millstream.rpc.calls import (
-    GetRowsCall,
-    GetRowsResult,
-    RowsEnd,
-    RowsGatherer,
-    RowsHandler,
-    fetch_options,
-)
+from millstream.rpc.calls import GetRowsCall, GetRowsResult, RowsHandler
+from millstream.rpc.serving import serve_get_rows
 from millstream.workers.clock import ManualClock
 
 if TYPE_CHECKING:
@@ -117,10 +111,18 @@ class InProcessTransport:
     Args:
         handlers: Address -> handler, shared with the caller (changes to it are seen);
             a new empty mapping by default.
+        max_response_bytes: The byte cap of one answer, as a gRPC server's
+            (``Tuning.get_rows_max_bytes``); None: only the caller's.
     """
 
-    def __init__(self, handlers: MutableMapping[str, RowsHandler] | None = None) -> None:
+    def __init__(
+        self,
+        handlers: MutableMapping[str, RowsHandler] | None = None,
+        *,
+        max_response_bytes: int | None = None,
+    ) -> None:
         self._handlers: MutableMapping[str, RowsHandler] = {} if handlers is None else handlers
+        self._max_response_bytes = max_response_bytes
         self._prefetched: dict[tuple[int, str, str, int], tuple[GetRowsCall, object]] = {}
 
     def bind(self, address: str, handler: RowsHandler) -> None:
@@ -144,22 +146,19 @@ class InProcessTransport:
         handler = self.handler(call.address)
         if handler is None:
             raise ConnectionError(f"nothing listens on {call.address} (in process)")
-        n, last, payload = handler.handle_get_rows(
-            call.reducer_index,
-            call.committed_row_index,
-            call.max_rows,
-            call.max_bytes,
-            call.mapper_guid,
-            **fetch_options(call),
-        )
-        # In process a call is never held (a simulation steps the workers itself); the
-        # backlog signal still reaches the reducer.
-        return GetRowsResult(
-            n,
-            last,
-            payload,
-            isinstance(handler, RowsGatherer) and handler.behind,
-            isinstance(handler, RowsEnd) and handler.fetched_all(call.reducer_index, last),
+        # The gRPC server's path (serve_get_rows), except that in process a call is never
+        # held: a simulation steps the workers itself.
+        return serve_get_rows(
+            handler,
+            reducer_index=call.reducer_index,
+            committed_row_index=call.committed_row_index,
+            max_rows=call.max_rows,
+            max_bytes=call.max_bytes,
+            mapper_id=call.mapper_guid,
+            after_row_index=call.after_row_index,
+            shuffle_indices=call.shuffle_indices,
+            gather_rows=call.gather_rows,
+            max_response_bytes=self._max_response_bytes,
         )
 
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:

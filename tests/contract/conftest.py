@@ -1,23 +1,19 @@
 """Fixtures for the state store contract suite: every test runs on every available backend.
 
 SQLite always runs, twice: as configured by default, and with every ``add_many`` kept as a
-delta run. FoundationDB runs when libfdb_c loads and a cluster file exists
-(``$MILLSTREAM_FDB_CLUSTER_FILE``, else ``/etc/foundationdb/fdb.cluster``); otherwise its
-cases are skipped with the reason.
+delta run. FoundationDB runs on the session's cluster (``fdb_url`` in ``tests/conftest.py``:
+started from ``$MILLSTREAM_FDB_HOME`` or the installed binaries, or
+``$MILLSTREAM_FDB_CLUSTER_FILE``); without binaries its cases are skipped with the reason.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from millstream.state import Store, StoreLimits, open_store
-from millstream.state.fdb_backend import DEFAULT_CLUSTER_FILE, fdb_availability
-
-FDB_CLUSTER_FILE = os.environ.get("MILLSTREAM_FDB_CLUSTER_FILE", DEFAULT_CLUSTER_FILE)
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -35,10 +31,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'store.db'}"
     if request.param == "sqlite-runs":
         return f"sqlite:///{tmp_path / 'store.db'}?run_min_keys=1"
-    reason = fdb_availability(FDB_CLUSTER_FILE)
-    if reason is not None:
-        pytest.skip(reason.split(" Install ")[0])
-    return f"fdb://{FDB_CLUSTER_FILE}"
+    url: str = request.getfixturevalue("fdb_url")
+    return url
 
 
 StoreFactory = Callable[..., Store]

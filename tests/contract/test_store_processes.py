@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 
 import pyarrow as pa
-import pytest
+from millstream.exceptions import StoreUnavailableError
 from millstream.state import Store, StoreTransaction, decode_int64, encode_int64
 
 PROCESSES = 4
@@ -46,9 +46,27 @@ def _forked_child(store: Store, queue: multiprocessing.Queue[int]) -> None:
     queue.put(decode_int64(store.transact(lambda t: t.get(("forked",))) or b""))
 
 
+def _forked_child_on_fdb(store: Store, queue: multiprocessing.Queue[str]) -> None:
+    try:
+        store.transact(lambda t: t.add(("forked",), 1))
+        queue.put("the forked child used the parent's FoundationDB client")
+    except StoreUnavailableError as exc:
+        queue.put(str(exc))
+
+
 def test_store_used_in_a_forked_child_opens_its_own_connections(store: Store) -> None:
-    if not store.url.startswith("sqlite"):
-        pytest.skip("the FoundationDB client does not survive fork (workers use spawn)")
+    """SQLite reopens its connections in a forked child. FoundationDB keeps this promise
+    differently: its client's network thread does not survive fork, so a forked child gets
+    a clear error naming the fix (workers are spawned, and reopen the store from its URL)."""
+    if store.url.startswith("fdb"):
+        fork = multiprocessing.get_context("fork")
+        errors: multiprocessing.Queue[str] = fork.Queue()
+        child = fork.Process(target=_forked_child_on_fdb, args=(store, errors))
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        assert "spawn" in errors.get(timeout=5)
+        return
     store.transact(lambda t: t.add(("forked",), 1))
     context = multiprocessing.get_context("fork")
     queue: multiprocessing.Queue[int] = context.Queue()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
-from millstream.state import Store, StoreTransaction
+from millstream.state import Store, StoreTransaction, open_store
 
 LONG = 120.0
 """A wait this long ends only when something wakes it (the tests join well before)."""
@@ -67,3 +67,18 @@ def test_a_commit_in_this_process_wakes_the_waiter(store: Store) -> None:
     store.transact(_write)
     thread.join(30)
     assert not thread.is_alive(), "the writer's commit did not wake the waiting reader"
+
+
+def test_a_commit_that_leaves_the_key_unchanged_still_wakes_the_waiter(store: Store) -> None:
+    """What a queue's seal does: name the watched key with ``wake_on_commit`` without
+    writing it, here through a view under the waiter's prefix from a store under another
+    (as a reducer appends to a queue). FoundationDB's watches fire only on a changed
+    value, so its store bumps a wake counter that ``wait_for`` watches too."""
+    thread = _waiter(store)
+    other = open_store(store.url, prefix=(*store.prefix, "elsewhere"))
+    try:
+        other.transact(lambda txn: txn.scoped(store.prefix).wake_on_commit(KEY))
+    finally:
+        other.close()
+    thread.join(30)
+    assert not thread.is_alive(), "a commit naming the key did not wake the waiting reader"

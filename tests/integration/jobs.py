@@ -311,7 +311,7 @@ def tuning(**changes: Any) -> ms.Tuning:
 
 def keyed_processor(
     data: Path,
-    state: Path,
+    state: Path | str,
     *,
     num_reducers: int = 2,
     config: dict[str, Any] | None = None,
@@ -321,12 +321,13 @@ def keyed_processor(
     name: str = "keyed",
     delivery: Delivery = "exactly_once",
 ) -> ms.Processor:
-    """A processor over a ParquetLog directory with an SQLite store at ``state``."""
+    """A processor over a ParquetLog directory with its store at ``state``: a store URL
+    (``sqlite:///...``, ``fdb://...``), or the path of an SQLite file."""
     return ms.Processor(
         mapper=mapper,
         reducer=reducer,
         input=ms.inputs.ParquetLog(str(data)),
-        store=f"sqlite:///{state}",
+        store=state if isinstance(state, str) and "://" in state else f"sqlite:///{state}",
         num_reducers=num_reducers,
         name=name,
         config=config or {},

@@ -24,13 +24,16 @@ from jobs import (
 )
 from millstream.exceptions import ConfigurationError
 from millstream.runner.local import LocalRunner
+from stores import ON_BOTH, ON_FDB
 
 
-def _processor(tmp_path: Path, rows: int, tune: ms.Tuning) -> tuple[ms.Processor, list[int]]:
+def _processor(
+    tmp_path: Path, rows: int, tune: ms.Tuning, state_url: str | None = None
+) -> tuple[ms.Processor, list[int]]:
     data = write_keyed_input(tmp_path / "in", rows, partitions=2, unique_values=True)
     processor = keyed_processor(
         data,
-        tmp_path / "state.db",
+        state_url or tmp_path / "state.db",
         mapper=ValuesByKeyMapper,
         reducer=SeenValuesReducer,
         tune=tune,
@@ -57,15 +60,24 @@ def test_without_failures_every_row_is_applied_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [7, 8, 9])
-def test_kill_9_loses_nothing(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "state_url"),
+    [
+        (7, "sqlite"),
+        (8, "sqlite"),
+        (9, "sqlite"),
+        pytest.param(10, *ON_FDB.values, marks=ON_FDB.marks),
+    ],
+    indirect=["state_url"],
+)
+def test_kill_9_loses_nothing(tmp_path: Path, seed: int, state_url: str) -> None:
     tune = tuning(
         batch_rows=2_000,
         memory_limit_bytes=40_000,
         commit_interval_seconds=0.1,
         restart=ms.RestartStrategy(max_restarts=1_000),
     )
-    processor, values = _processor(tmp_path, 200_000, tune)
+    processor, values = _processor(tmp_path, 200_000, tune, state_url)
     runner = LocalRunner(processor)
     runner.start()
     with RandomKiller(runner, seed) as killer:
@@ -76,9 +88,10 @@ def test_kill_9_loses_nothing(tmp_path: Path, seed: int) -> None:
     print(f"seed {seed}: killed {killer.kills}; {repeats} of {len(values)} rows applied again")
 
 
-def test_a_duplicate_mapper_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("state_url", ON_BOTH, indirect=True)
+def test_a_duplicate_mapper_loses_nothing(tmp_path: Path, state_url: str) -> None:
     processor, values = _processor(
-        tmp_path, 60_000, tuning(batch_rows=2_000, memory_limit_bytes=400_000)
+        tmp_path, 60_000, tuning(batch_rows=2_000, memory_limit_bytes=400_000), state_url
     )
     LocalRunner(processor, instances={("mapper", 0): 2}).run(timeout=180)
     repeats = _repeats(processor, values)

@@ -17,6 +17,7 @@ from jobs import (
     write_keyed_input,
 )
 from millstream.runner.local import LocalRunner
+from stores import ON_BOTH, ON_FDB
 
 from examples import word_count
 
@@ -40,11 +41,16 @@ def test_keyed_sum_is_exact(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("seed", "pipeline_fetch"),
-    [(20240611, False), (1, False), (2, False), (3, True), (4, True), (5, True)],
+    ("seed", "pipeline_fetch", "state_url"),
+    [
+        *[(seed, fetch, "sqlite") for seed, fetch in [(20240611, False), (1, False), (2, False)]],
+        *[(seed, True, "sqlite") for seed in (3, 4, 5)],
+        pytest.param(6, True, *ON_FDB.values, marks=ON_FDB.marks),
+    ],
+    indirect=["state_url"],
 )
 def test_kill_9_random_processes_many_times(
-    tmp_path: Path, seed: int, pipeline_fetch: bool
+    tmp_path: Path, seed: int, pipeline_fetch: bool, state_url: str
 ) -> None:
     data = write_keyed_input(tmp_path / "in", 200_000, partitions=2, file_rows=20_000)
     # A small window and slower commits make the run last seconds, so that the killer finds
@@ -62,7 +68,7 @@ def test_kill_9_random_processes_many_times(
     # at work, not on ones that are exiting after the drain (which count no restart).
     processor = keyed_processor(
         data,
-        tmp_path / "state.db",
+        state_url,
         num_reducers=2,
         tune=tune,
         mapper=SlowKeyedSumMapper,
@@ -80,16 +86,19 @@ def test_kill_9_random_processes_many_times(
     print(f"seed {seed}: killed {kills}")
 
 
+@pytest.mark.parametrize("state_url", ON_BOTH, indirect=True)
 @pytest.mark.parametrize(
     "duplicate", [("mapper", 0), ("reducer", 1)], ids=["mapper0x2", "reducer1x2"]
 )
-def test_split_brain_two_live_instances(tmp_path: Path, duplicate: tuple[str, int]) -> None:
+def test_split_brain_two_live_instances(
+    tmp_path: Path, duplicate: tuple[str, int], state_url: str
+) -> None:
     from jobs import PassThroughMapper, RowsReducer
 
     data = write_keyed_input(tmp_path / "in", 60_000, partitions=2)
     processor = keyed_processor(
         data,
-        tmp_path / "state.db",
+        state_url,
         mapper=PassThroughMapper,
         reducer=RowsReducer,
         tune=tuning(batch_rows=2_000, memory_limit_bytes=400_000),

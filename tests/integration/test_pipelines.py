@@ -26,6 +26,7 @@ from jobs import (
 from millstream.inputs import StoreQueue
 from millstream.outputs import ParquetSink
 from millstream.runner.local import LocalRunner, PipelineRunner
+from stores import ON_FDB
 
 CHAOS = tuning(
     batch_rows=2_000,
@@ -35,10 +36,12 @@ CHAOS = tuning(
 )
 
 
-def _pipeline(tmp_path: Path, rows: int) -> tuple[ms.Processor, ms.Processor, Path]:
+def _pipeline(
+    tmp_path: Path, rows: int, state_url: str | None = None
+) -> tuple[ms.Processor, ms.Processor, Path]:
     data = write_keyed_input(tmp_path / "in", rows, partitions=2)
-    state = tmp_path / "state.db"
-    partials = StoreQueue(f"sqlite:///{state}", "partials", 2)
+    state = state_url or f"sqlite:///{tmp_path / 'state.db'}"
+    partials = StoreQueue(state, "partials", 2)
     first = keyed_processor(
         data,
         state,
@@ -69,9 +72,13 @@ def test_a_pipeline_without_failures_is_exact(tmp_path: Path) -> None:
     assert read_output(second, "sum") == expected_sums(data)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_pipeline_is_exact_under_kill_9(tmp_path: Path, seed: int) -> None:
-    first, second, data = _pipeline(tmp_path, 200_000)
+@pytest.mark.parametrize(
+    ("seed", "state_url"),
+    [(1, "sqlite"), (2, "sqlite"), pytest.param(3, *ON_FDB.values, marks=ON_FDB.marks)],
+    indirect=["state_url"],
+)
+def test_a_pipeline_is_exact_under_kill_9(tmp_path: Path, seed: int, state_url: str) -> None:
+    first, second, data = _pipeline(tmp_path, 200_000, state_url)
     pipeline = PipelineRunner([first, second])
     pipeline.start()
     killers = [RandomKiller(runner, seed * 10 + i) for i, runner in enumerate(pipeline.runners)]
@@ -82,14 +89,19 @@ def test_a_pipeline_is_exact_under_kill_9(tmp_path: Path, seed: int) -> None:
     print(f"seed {seed}: killed {[k.kills for k in killers]}")
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_parquet_sink_holds_every_row_once_under_kill_9(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "state_url"),
+    [(1, "sqlite"), (2, "sqlite"), pytest.param(3, *ON_FDB.values, marks=ON_FDB.marks)],
+    indirect=["state_url"],
+)
+def test_a_parquet_sink_holds_every_row_once_under_kill_9(
+    tmp_path: Path, seed: int, state_url: str
+) -> None:
     data = write_keyed_input(tmp_path / "in", 200_000, partitions=2, unique_values=True)
-    state = tmp_path / "state.db"
-    sink = ParquetSink(f"sqlite:///{state}", "rows", str(tmp_path / "out"))
+    sink = ParquetSink(state_url, "rows", str(tmp_path / "out"))
     processor = keyed_processor(
         data,
-        state,
+        state_url,
         mapper=SlowPassThroughMapper,
         reducer=RowsToSinkReducer,
         config={"sink": "rows", "map_seconds": 0.04},

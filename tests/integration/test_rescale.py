@@ -41,6 +41,7 @@ from millstream.ledger import (
 )
 from millstream.outputs import ParquetSink
 from millstream.runner.local import LocalRunner
+from stores import ON_BOTH
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -55,7 +56,7 @@ from jobs import KeyGroupSumReducer, SlowKeyedSumMapper, keyed_processor, tuning
 
 processor = keyed_processor(
     Path(os.environ["MILLSTREAM_TEST_DATA"]),
-    Path(os.environ["MILLSTREAM_TEST_STATE"]),
+    os.environ["MILLSTREAM_TEST_STATE"],
     num_reducers=int(os.environ["MILLSTREAM_TEST_REDUCERS"]),
     mapper=SlowKeyedSumMapper,
     reducer=KeyGroupSumReducer,
@@ -66,7 +67,7 @@ processor = keyed_processor(
 """
 
 
-def _processor(data: Path, state: Path, reducers: int) -> ms.Processor:
+def _processor(data: Path, state: Path | str, reducers: int) -> ms.Processor:
     return keyed_processor(
         data,
         state,
@@ -118,11 +119,11 @@ def _stored(processor: ms.Processor) -> tuple[ProcessorInfo | None, RescalePlan 
 
 
 def _cli_rescale(
-    data: Path, state: Path, reducers: int, map_seconds: float
+    data: Path, state: Path | str, reducers: int, map_seconds: float
 ) -> subprocess.Popen[str]:
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "MILLSTREAM_TEST_DATA": str(data),
         "MILLSTREAM_TEST_STATE": str(state),
         "MILLSTREAM_TEST_REDUCERS": str(reducers),
@@ -138,7 +139,7 @@ def _cli_rescale(
             "--reducers",
             str(reducers),
         ],
-        cwd=state.parent,
+        cwd=data.parent,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -147,9 +148,12 @@ def _cli_rescale(
     )
 
 
-def test_rescaling_2_to_3_to_1_reducers_mid_stream_under_kill_9_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("state_url", ON_BOTH, indirect=True)
+def test_rescaling_2_to_3_to_1_reducers_mid_stream_under_kill_9_is_exact(
+    tmp_path: Path, state_url: str
+) -> None:
     data = write_keyed_input(tmp_path / "in", ROWS, partitions=4, file_rows=1_000)
-    state = tmp_path / "state.db"
+    state = state_url
     (tmp_path / "rescale_job.py").write_text(JOB)
     two = _processor(data, state, 2)
     _run_under_chaos_until(two, 12_000, seed=5)

@@ -19,29 +19,31 @@ from jobs import (
 )
 from millstream.outputs import ParquetSink
 from millstream.runner.local import LocalRunner
+from stores import ON_FDB
 
 
 @pytest.mark.parametrize(
-    ("reducer", "seed"),
+    ("reducer", "seed", "state_url"),
     [
-        (ms.windows.WindowReducer, 1),
-        (ms.windows.WindowReducer, 2),
-        (ms.windows.PendingWindowReducer, 1),
-        (ms.windows.PendingWindowReducer, 2),
+        (ms.windows.WindowReducer, 1, "sqlite"),
+        (ms.windows.WindowReducer, 2, "sqlite"),
+        (ms.windows.PendingWindowReducer, 1, "sqlite"),
+        (ms.windows.PendingWindowReducer, 2, "sqlite"),
+        pytest.param(ms.windows.WindowReducer, 3, *ON_FDB.values, marks=ON_FDB.marks),
     ],
-    ids=["stored-1", "stored-2", "pending-1", "pending-2"],
+    ids=["stored-1", "stored-2", "pending-1", "pending-2", "stored-3-fdb"],
+    indirect=["state_url"],
 )
 def test_tumbling_windows_are_exact_under_kill_9(
-    tmp_path: Path, reducer: type[ms.Reducer], seed: int
+    tmp_path: Path, reducer: type[ms.Reducer], seed: int, state_url: str
 ) -> None:
     data = write_event_input(tmp_path / "in", 200_000, disorder_ms=EVENT_DISORDER_MS)
-    state = tmp_path / "state.db"
-    sink = ParquetSink(f"sqlite:///{state}", "per-minute", str(tmp_path / "out"))
+    sink = ParquetSink(state_url, "per-minute", str(tmp_path / "out"))
     processor = ms.Processor(
         mapper=SlowWindowMapper,
         reducer=reducer,
         input=ms.inputs.ParquetLog(str(data)),
-        store=f"sqlite:///{state}",
+        store=state_url,
         num_reducers=2,
         config={"windows": EVENT_WINDOWS, "map_seconds": 0.04},
         outputs=[sink],

@@ -15,8 +15,10 @@ import pytest
 from millstream.exceptions import (
     CommitUnknownResultError,
     DuplicateSequenceError,
+    InputError,
     StoreUnavailableError,
 )
+from millstream.inputs import store_queue
 from millstream.inputs.store_queue import StoreQueue
 from millstream.state import encode_int64
 
@@ -59,6 +61,41 @@ def test_a_producer_repeating_its_sequence_after_a_restart_appends_once() -> Non
         with pytest.raises(DuplicateSequenceError, match="resume at sequence 2"):
             restarted.append(0, batch, sequence=0)
         assert queue.end_row_index(0) == 4
+    finally:
+        sim.close()
+
+
+def test_an_append_of_several_pieces_stopped_between_them_is_completed_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 42, item 2: a sequence counts as appended once all its pieces landed."""
+    monkeypatch.setattr(store_queue, "CHUNK_BYTES", 80)  # 10 int64 rows a chunk
+    monkeypatch.setattr(store_queue, "TRANSACTION_BYTES", 1)  # a transaction per chunk
+    sim = Simulation(CONFIG)
+    try:
+        queue = StoreQueue(sim.store, "pieces", 1)  # type: ignore[arg-type]
+        batch = pa.record_batch({"row": pa.array(range(35))})
+        sim.plan.armed.extend(["none", "unavailable"])  # the second piece fails
+        with pytest.raises(StoreUnavailableError):
+            queue.producer("p").append(0, batch, sequence=0)
+        assert queue.end_row_index(0) == 10  # the first piece is readable
+        restarted = queue.producer("p")
+        assert restarted.last_sequence(0) == -1
+        with pytest.raises(InputError, match="append sequence 0 again with the same rows"):
+            restarted.append(0, pa.record_batch({"row": pa.array(range(100, 135))}), sequence=1)
+        with pytest.raises(InputError, match="cannot append other rows as sequence 0"):
+            restarted.append(0, pa.record_batch({"row": pa.array(range(100, 135))}), sequence=0)
+        with pytest.raises(InputError, match="complete it before sealing"):
+            queue.close_partition(0)  # the rest of sequence 0 would be lost
+        assert restarted.append(0, batch, sequence=0) == (0, 35)
+        assert restarted.last_sequence(0) == 0
+        assert restarted.append(0, batch, sequence=0) == (0, 35)
+        assert restarted.append(0, pa.record_batch({"row": pa.array([35])})) == (35, 36)
+        rows: list[int] = []
+        while (read := queue.read(0, len(rows), 1000).batch) is not None:
+            rows.extend(read.column("row").to_pylist())
+        assert rows == list(range(36))
+        assert queue.close_partition(0) == 36
     finally:
         sim.close()
 

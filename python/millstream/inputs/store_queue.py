@@ -13,10 +13,9 @@ Layout under ``QUEUES + (name,)``:
 - ``(p, "sealed")``: present once :meth:`~StoreQueue.close_partition` was called.
 - ``(p, "rows", begin, end, part)``: part ``part`` of the chunk holding rows
   ``[begin, end)``.
-- ``(p, "producer", producer_id)``: the producer's last ``(sequence, piece, begin, end)``
-  appended to the partition, checked and written by every append (see
-  :mod:`millstream.inputs.queue_producer`): what makes an append that is retried after an
-  unknown commit result land once.
+- ``(p, "producer", producer_id)``: the producer's last append to the partition
+  (:class:`~millstream.inputs.queue_producer.ProducerRecord`), checked and written by
+  every append: what makes one retried after an unknown commit result land once.
 """
 
 from __future__ import annotations
@@ -24,24 +23,23 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from millstream.exceptions import (
     ConfigurationError,
-    DuplicateSequenceError,
     InputError,
     StoreError,
 )
+from millstream.inputs import queue_producer as producers
 from millstream.inputs.base import ReadResult
+from millstream.inputs.queue_producer import QueueProducer
+from millstream.inputs.storable import check_storable
 from millstream.ledger import QUEUES
 from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import Key, decode_int64, encode_int64, pack, unpack
 from millstream.state.url import open_store
-
-if TYPE_CHECKING:
-    from millstream.inputs.queue_producer import QueueProducer
 
 PART_BYTES = 90_000
 """Bytes per stored value (below FoundationDB's 100 kB value limit)."""
@@ -157,15 +155,17 @@ class StoreQueue:
         consecutive ones, so concurrent appenders may interleave between those pieces. A
         commit with an unknown outcome is retried without appending the rows twice (each
         thread numbers its appends under a producer id of this object's). If the call
-        raises, the rows may or may not be in the queue; to make a retry after a crash
-        exactly-once too, append through a named :meth:`producer` with sequence numbers.
+        raises, the rows may or may not be in the queue, or only the first pieces of a
+        large batch; to make a retry after a failure or a crash exactly-once too, append
+        through a named :meth:`producer` with sequence numbers.
 
         Returns:
             ``(begin_row_index, end_row_index)`` of the appended rows (first piece's begin,
             last piece's end).
 
         Raises:
-            InputError: The schema differs from the partition's, or the partition is sealed.
+            InputError: The schema differs from the partition's, the partition is sealed,
+                or a column is dictionary-encoded (:func:`check_storable`).
         """
         local = self._anonymous
         if not hasattr(local, "producer_id"):
@@ -175,7 +175,12 @@ class StoreQueue:
             self._anonymous_ids.append((local.producer_id, local.partitions))
         local.sequence += 1
         local.partitions.add(partition)
-        return self.append_as(partition, batch, local.producer_id, local.sequence)
+        try:
+            return self.append_as(partition, batch, local.producer_id, local.sequence)
+        except BaseException:
+            # Nothing completes a failed append: the next one goes under a new id.
+            del local.producer_id
+            raise
 
     def producer(self, producer_id: str) -> QueueProducer:
         """A producer that appends exactly once per sequence number, across its restarts.
@@ -184,15 +189,14 @@ class StoreQueue:
             producer_id: A name that stays the same when the producer restarts; one live
                 producer per id.
         """
-        from millstream.inputs.queue_producer import QueueProducer
-
         return QueueProducer(self, producer_id)
 
     def producer_sequence(self, partition: int, producer_id: str) -> int:
-        """The last sequence number ``producer_id`` appended to ``partition`` (-1: none)."""
+        """The last sequence number ``producer_id`` appended to ``partition`` whole, every
+        piece of it (-1: none); see :meth:`QueueProducer.last_sequence`."""
         key = self._key(partition, "producer", producer_id)
         raw = self._store.transact(lambda txn: txn.get(key), idempotent=True)
-        return -1 if raw is None else int(unpack(raw)[0])
+        return -1 if raw is None else producers.ProducerRecord(raw).complete
 
     def append_as(
         self,
@@ -205,8 +209,11 @@ class StoreQueue:
 
         Each transaction checks and records the producer's last sequence in the partition,
         so running it again after it landed appends nothing: it is retried even when its
-        commit's outcome is unknown.
+        commit's outcome is unknown. An append of several pieces (transactions) that
+        stopped between them is completed by appending the same sequence with the same
+        rows again: the pieces that landed are skipped, the others land once.
         """
+        check_storable(batch.schema, self._name)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         pieces: list[list[tuple[int, bytes]]] = [[]]
         piece_bytes = 0
@@ -218,6 +225,7 @@ class StoreQueue:
                 pieces[-1].append((chunk_rows, payload))
                 piece_bytes += len(payload)
         schema_ipc = batch.schema.serialize().to_pybytes()
+        digest = producers.rows_digest(schema_ipc, pieces) if len(pieces) > 1 else b""
         begin = end = 0
         for number, piece in enumerate(pieces):
 
@@ -225,7 +233,15 @@ class StoreQueue:
                 txn: StoreTransaction, piece: list[tuple[int, bytes]] = piece, number: int = number
             ) -> tuple[int, int]:
                 return self._append_piece(
-                    txn, partition, schema_ipc, piece, producer_id, sequence, number
+                    txn,
+                    partition,
+                    schema_ipc,
+                    piece,
+                    producer_id,
+                    sequence,
+                    number,
+                    pieces=len(pieces),
+                    digest=digest,
                 )
 
             begin, end = self._store.transact(append_piece, idempotent=True)
@@ -251,26 +267,26 @@ class StoreQueue:
         producer_id: str,
         sequence: int,
         piece: int,
+        *,
+        pieces: int = 1,
+        digest: bytes = b"",
     ) -> tuple[int, int]:
+        """Append piece ``piece`` of ``pieces`` of ``sequence`` unless it landed before,
+        and record it (see the module docstring)."""
         producer_key = self._key(partition, "producer", producer_id)
-        recorded = txn.get(producer_key)
-        first_begin: int | None = None
-        if recorded is not None:
-            last, last_piece, last_begin, last_end = (int(v) for v in unpack(recorded))
-            if sequence < last:
-                raise DuplicateSequenceError(
-                    f"queue {self._name!r} partition {partition}: producer {producer_id!r} "
-                    f"appended sequence {last} already, so sequence {sequence} was appended "
-                    f"before; resume at sequence {last + 1}",
-                    last_sequence=last,
-                )
-            if sequence == last and piece <= last_piece:
-                return last_begin, last_end  # appended before: this is a retry
-            if sequence == last:
-                first_begin = last_begin
+        raw = txn.get(producer_key)
+        first_begin, complete = None, -1
+        if raw is not None:
+            where = f"queue {self._name!r} partition {partition}: producer {producer_id!r}"
+            admitted = producers.ProducerRecord(raw).admit(where, sequence, piece, digest)
+            if admitted.retry is not None:
+                return admitted.retry  # appended before: this is a retry
+            first_begin, complete = admitted.first_begin, admitted.complete
         begin, row = self._write_rows(txn, partition, schema_ipc, chunks)
         first = begin if first_begin is None else first_begin
-        txn.set(producer_key, pack((sequence, piece, first, row)))
+        if piece == pieces - 1:
+            complete = sequence
+        txn.set(producer_key, pack((sequence, piece, first, row, pieces, complete, digest)))
         return first, row
 
     def append_in(
@@ -288,9 +304,11 @@ class StoreQueue:
             ``(begin_row_index, end_row_index)`` of the appended rows.
 
         Raises:
-            InputError: The schema differs from the partition's, or the partition is sealed.
+            InputError: The schema differs from the partition's, the partition is sealed,
+                or a column is dictionary-encoded (:func:`check_storable`).
         """
         self._key(partition)
+        check_storable(batch.schema, self._name)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         chunks = [chunk for whole in batches for chunk in self._chunks(whole)]
         schema_ipc = batch.schema.serialize().to_pybytes()
@@ -335,9 +353,15 @@ class StoreQueue:
 
         Returns:
             The partition's final end row index.
+
+        Raises:
+            InputError: A named producer's append of several pieces stopped between them:
+                complete it first (see :mod:`millstream.inputs.queue_producer`).
         """
 
         def seal(txn: StoreTransaction) -> int:
+            records = txn.get_range_startswith(self._key(partition, "producer"))
+            producers.refuse_partial(records, f"queue {self._name!r} partition {partition}")
             end = _decode_index(txn.get(self._key(partition, "end")))
             txn.set(self._key(partition, "sealed"), encode_int64(end))
             txn.wake_on_commit(self._key(partition, "end"))  # readers waiting there end

@@ -10,6 +10,8 @@ three steps, the pattern of two-phase-commit file sinks and table formats:
 3. **publish**: after the commit, the staged file is renamed to its final name in the
    directory. A crash between commit and rename leaves a recorded file in ``_staging/``;
    the next reducer instance (and every :meth:`ParquetSink.files`) finishes the rename.
+   After a commit whose outcome is unknown, the reducer renames the file on its next
+   round once the store shows the record (or deletes it once it cannot land).
 
 A file is published exactly when its record committed: a commit that failed or was
 abandoned publishes nothing (its staged file is deleted), and a commit retried after an
@@ -147,6 +149,11 @@ class ParquetSink:
         (``txn.scoped(sink.store.prefix)``).
         """
         txn.set((*self._space, "file", staged.name), pack((staged.rows, staged.size)))
+
+    def is_recorded_in(self, txn: StoreTransaction, staged: StagedFile) -> bool:
+        """Whether ``staged``'s record is in the store as ``txn`` sees it (scoped as for
+        :meth:`record_in`): after a commit whose outcome is unknown, whether it landed."""
+        return txn.get((*self._space, "file", staged.name), snapshot=True) is not None
 
     def publish(self, staged: StagedFile) -> None:
         """Move a recorded file to its final name (step 3); idempotent."""

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 
 from millstream.exceptions import CommitUnknownResultError, ConfigurationError
+from millstream.inputs.storable import check_storable
 from millstream.inputs.store_queue import StoreQueue
 from millstream.outputs.parquet_sink import ParquetSink, StagedFile
 from millstream.state.base import StoreTransaction
@@ -111,6 +112,7 @@ class StagedOutputs:
                 f"partition {partition} out of range for queue {target.name!r} with "
                 f"{target.num_partitions} partitions"
             )
+        check_storable(rows.schema, target.name)
         if rows.num_rows:
             self._appends.append((target, partition, rows))
 
@@ -152,7 +154,8 @@ class StagedOutputs:
     def settled_with(self, txn: StoreTransaction) -> Iterator[None]:
         """Around a transaction that carries these outputs: if the block raises, reset
         ``txn`` and delete the staged files, unless the commit's outcome is unknown (their
-        records may have landed: the next instance, or a reader, publishes them)."""
+        records may have landed: the reducer's next rounds, the next instance or a reader
+        publish them, see :mod:`millstream.workers.settling`)."""
         try:
             yield
         except CommitUnknownResultError:
@@ -173,6 +176,18 @@ class StagedOutputs:
         for sink, staged in self._staged:
             sink.discard(staged)
         self._staged.clear()
+
+    def landed_in(self, txn: StoreTransaction) -> bool:
+        """Whether the commit that recorded the staged files landed, as ``txn`` sees the
+        store (the records commit together: the first one tells)."""
+        for sink, staged in self._staged[:1]:
+            return sink.is_recorded_in(txn.scoped(sink.store.prefix), staged)
+        return False
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing is held for any output (no queue rows, no file)."""
+        return not self._appends and not self._files
 
     @property
     def rows_appended(self) -> int:

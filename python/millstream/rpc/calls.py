@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 GET_ROWS_ENVELOPE_BYTES = 64
 """Bytes a ``GetRowsResponse`` takes besides its Arrow IPC payload: the tags and varints of
@@ -176,17 +176,6 @@ class RowsEnd(Protocol):
         """Whether the whole (bounded) input was read and no row for ``reducer_index``
         follows ``after_row_index``."""
         ...
-
-
-def fetch_options(call: GetRowsCall) -> dict[str, Any]:
-    """The optional arguments of :meth:`RowsHandler.handle_get_rows` that ``call`` sets
-    (only those, so that handlers written before them keep working)."""
-    options: dict[str, Any] = {}
-    if call.after_row_index is not None:
-        options["after_row_index"] = call.after_row_index
-    if call.shuffle_indices:
-        options["shuffle_indices"] = True
-    return options
 
 
 class RowsHandler(Protocol):

@@ -177,12 +177,16 @@ class GrpcRowsClient:
         return future
 
     @staticmethod
-    def _result(future: grpc.Future) -> GetRowsResult:
+    def _result(call: GetRowsCall, future: grpc.Future) -> GetRowsResult:
         try:
             response = future.result()
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                raise StaleMapperError(exc.details() or "stale mapper id") from None
+                # The server names no instance; the caller knows which one it asked for.
+                raise StaleMapperError(
+                    f"mapper {call.mapper_index} instance {call.mapper_guid} at "
+                    f"{call.address}: {exc.details() or 'stale mapper id'}"
+                ) from None
             raise
         return GetRowsResult(
             response.row_count,
@@ -243,7 +247,7 @@ class GrpcRowsClient:
                 continue
             self._under_way.pop(call.key, None)
             try:
-                results.append(self._result(future))
+                results.append(self._result(call, future))
             except Exception as exc:
                 results.append(exc)
         return results

@@ -1,27 +1,19 @@
-"""The mapper's side of GetRows: a gRPC server in front of the mapper's handler."""
+"""The mapper's side of GetRows: a gRPC server in front of the mapper's handler, a thin
+adapter over :func:`millstream.rpc.serving.serve_get_rows` (the in-process transport
+serves calls through the same function)."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import grpc
 
 from millstream.exceptions import CommittedIndexError, StaleMapperError
 from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.rpc.calls import (
-    RowsEnd,
-    RowsGatherer,
-    RowsHandler,
-    RowsWaiter,
-    max_payload_bytes,
-)
-
-_MAX_WAIT_SECONDS = 30.0
-"""The longest a call may be held waiting for rows, whatever the request says."""
+from millstream.rpc.calls import RowsHandler, max_payload_bytes
+from millstream.rpc.serving import route, serve_get_rows
 
 _MAX_HOLD_SECONDS = 120.0
 """The longest a Hold call is held, whatever the request says."""
@@ -50,93 +42,38 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         self._holding: set[threading.Event] = set()
         """One event per Hold call held: set when it must answer."""
 
-    def _handler(self, mapper_id: str) -> RowsHandler:
-        """The handler a call is for: the only one, or the instance it names."""
-        if not isinstance(self._handlers, Mapping):
-            return self._handlers
-        handler = self._handlers.get(mapper_id)
-        if handler is None:
-            raise StaleMapperError(
-                f"GetRows for mapper instance {mapper_id} reached a server of instances "
-                f"{', '.join(sorted(self._handlers))}: the caller's discovery entry is stale"
-            )
-        return handler
-
     def GetRows(
         self, request: millstream_pb2.GetRowsRequest, context: grpc.ServicerContext
     ) -> millstream_pb2.GetRowsResponse:
-        max_bytes = min(request.max_bytes or self._max_bytes, self._max_bytes)
-        wait = max(0, request.wait_ms) / 1000 if request.count > 0 else 0.0
-        start_in = min(max(0, request.start_in_ms) / 1000, _MAX_WAIT_SECONDS)
-        start = time.monotonic() + (start_in if request.count > 0 else 0.0)
-        deadline = start + min(wait, _MAX_WAIT_SECONDS)
-        # Passed only when set, so handlers that predate fetch positions keep working.
-        after = (
-            {"after_row_index": request.after_row_index}
-            if request.HasField("after_row_index")
-            else {}
-        )
-        options: dict[str, Any] = dict(after)
-        if request.shuffle_indices:
-            options["shuffle_indices"] = True
+        # A thin adapter: the serving itself is serve_get_rows, as in process.
         try:
-            handler = self._handler(request.mapper_id)
-            later = start > time.monotonic()  # the reducer's next round, not this moment
-            gatherer = (  # a reducer folding a backlog: hold the call while it gathers
-                handler
-                if request.gather_rows > 0 and wait > 0 and isinstance(handler, RowsGatherer)
-                else None
+            result = serve_get_rows(
+                route(self._handlers, request.mapper_id),
+                reducer_index=request.reducer_index,
+                committed_row_index=request.committed_row_index,
+                max_rows=request.count,
+                max_bytes=request.max_bytes,
+                mapper_id=request.mapper_id,
+                after_row_index=(
+                    request.after_row_index if request.HasField("after_row_index") else None
+                ),
+                shuffle_indices=request.shuffle_indices,
+                wait_seconds=request.wait_ms / 1000,
+                gather_rows=request.gather_rows,
+                start_in_seconds=request.start_in_ms / 1000,
+                max_response_bytes=self._max_bytes,
+                is_active=context.is_active,
             )
-            if later or gatherer is not None:
-                # A call held before it is served acknowledges the committed index first
-                # (frees memory, lets the mapper read on, persist and trim).
-                handler.handle_get_rows(
-                    request.reducer_index,
-                    request.committed_row_index,
-                    0,
-                    max_bytes,
-                    request.mapper_id,
-                )
-            while later and context.is_active() and (left := start - time.monotonic()) > 0:
-                time.sleep(min(left, 0.1))
-            if gatherer is not None:
-                gatherer.gather(
-                    request.reducer_index,
-                    min(request.gather_rows, max(1, request.count)),
-                    deadline - time.monotonic(),
-                    **after,
-                )
-            while True:
-                count, last, payload = handler.handle_get_rows(
-                    request.reducer_index,
-                    request.committed_row_index,
-                    max(0, request.count),
-                    max_bytes,
-                    request.mapper_id,
-                    **options,
-                )
-                left = deadline - time.monotonic()
-                if count or left <= 0 or not isinstance(handler, RowsWaiter):
-                    break
-                if isinstance(handler, RowsEnd) and handler.fetched_all(
-                    request.reducer_index, last
-                ):
-                    break  # nothing more will come for this reducer: do not hold it
-                if not context.is_active() or not handler.wait_for_rows(
-                    request.reducer_index, left, **after
-                ):
-                    break
         except StaleMapperError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except (CommittedIndexError, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return millstream_pb2.GetRowsResponse(
-            row_count=count,
-            last_shuffle_row_index=last,
-            arrow_ipc=payload if count else b"",
-            behind=isinstance(handler, RowsGatherer) and handler.behind,
-            input_ended=isinstance(handler, RowsEnd)
-            and handler.fetched_all(request.reducer_index, last),
+            row_count=result.row_count,
+            last_shuffle_row_index=result.last_shuffle_row_index,
+            arrow_ipc=result.arrow_ipc,
+            behind=result.behind,
+            input_ended=result.input_ended,
         )
 
     def Hold(

@@ -441,9 +441,10 @@ class StoreTransaction(ABC):
 
     def wake_on_commit(self, key: Key) -> None:
         """Once this transaction commits, wake whoever waits for ``key`` to change
-        (:meth:`Store.wait_for`). FoundationDB's watches see every write by themselves; the
-        embedded store cannot tell other processes of a commit, so a writer that others
-        wait for (a queue's appender) names the keys they watch."""
+        (:meth:`Store.wait_for`), even when it leaves ``key`` unchanged. The embedded store
+        cannot tell other processes of a commit, and a FoundationDB watch fires only when
+        the value changes, so a writer that others wait for (a queue's appender, its seal)
+        names the keys they watch."""
         self._raw_wake(self._key(key))
 
     def _raw_wake(self, key: bytes) -> None:

@@ -2,7 +2,10 @@
 
 The binding needs the FoundationDB client library ``libfdb_c`` (installed by the
 FoundationDB client package, not by pip) and a reachable cluster. The API version is
-pinned to :data:`FDB_API_VERSION` and selected once per process in :func:`load_fdb`.
+pinned to :data:`FDB_API_VERSION` and selected once per process in :func:`load_fdb`, which
+also finds the library: ``$MILLSTREAM_FDB_HOME/lib`` when that is set (a FoundationDB
+folder with ``bin/`` and ``lib/``, e.g. one built from source), else the library search
+path and the client packages' standard paths (:data:`STANDARD_LIBRARY_PATHS`).
 
 FoundationDB's client runs one network thread per process, which does not survive
 ``fork``: worker processes must open their store themselves (millstream's runners start
@@ -11,8 +14,10 @@ them with the ``spawn`` method), never inherit one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -45,12 +50,25 @@ DEFAULT_TIMEOUT_MS = 10_000
 
 DEFAULT_CLUSTER_FILE = "/etc/foundationdb/fdb.cluster"
 
+HOME_VARIABLE = "MILLSTREAM_FDB_HOME"
+"""A FoundationDB folder (``bin/fdbserver``, ``bin/fdbcli``, ``lib/libfdb_c.so``) to use
+instead of an installed FoundationDB; read by every process that loads the binding."""
+
+STANDARD_LIBRARY_PATHS = (
+    "/usr/lib/libfdb_c.so",
+    "/usr/lib64/libfdb_c.so",
+    "/usr/local/lib/libfdb_c.so",
+    "/usr/local/lib/libfdb_c.dylib",
+)
+"""Where FoundationDB's client packages install ``libfdb_c`` (Linux .deb/.rpm, macOS .pkg)."""
+
 INSTALL_HINT = (
     "Install the FoundationDB client package for your platform (foundationdb-clients "
     ".deb or .rpm on Linux, the .pkg on macOS, version 7.3 or newer, matching your "
     "cluster) from https://github.com/apple/foundationdb/releases (listed on "
     "https://apple.github.io/foundationdb/downloads.html), or put libfdb_c on the library "
-    "search path (LD_LIBRARY_PATH / DYLD_LIBRARY_PATH)."
+    "search path (LD_LIBRARY_PATH / DYLD_LIBRARY_PATH), or set MILLSTREAM_FDB_HOME to a "
+    "FoundationDB folder holding lib/libfdb_c.so."
 )
 
 NOT_COMMITTED = 1020
@@ -88,6 +106,14 @@ RETRYABLE_NOT_COMMITTED = frozenset(
 ``fdb.predicates.is_retryable`` less the maybe-committed ones)."""
 
 _INT64 = struct.Struct("<q")
+_ONE = struct.pack("<q", 1)
+WAKE_SUBSPACE = b"wake-on-commit"
+"""``(WAKE_SUBSPACE, key)`` (``key`` packed with its store's prefix, so that a transaction
+seen under another prefix wakes the same waiters) counts the commits that named ``key`` with
+:meth:`~millstream.state.base.StoreTransaction.wake_on_commit`: a watch fires only when a
+value changes, and such a commit may leave ``key`` itself unchanged (a queue's seal wakes the
+readers watching its end row index). A bytes element, outside every store's prefix (whose
+elements are strings): one small counter per watched key, left when a store is cleared."""
 _load_lock = threading.Lock()
 _loaded_pid: int | None = None
 
@@ -103,9 +129,11 @@ def load_fdb() -> Any:
             match it, or the binding was set up in a parent process before a fork.
     """
     global _loaded_pid
-    import fdb
-
     with _load_lock:
+        if "fdb.impl" not in sys.modules:
+            _preload_client_library()
+        import fdb
+
         if _loaded_pid is not None and _loaded_pid != os.getpid():
             raise StoreUnavailableError(
                 "the FoundationDB client was started in a parent process and does not "
@@ -128,6 +156,61 @@ def load_fdb() -> Any:
     return fdb
 
 
+def _preload_client_library() -> None:
+    """Load ``libfdb_c`` by absolute path before the binding loads it by name.
+
+    The binding opens ``libfdb_c.so`` by name (the library search path, read once when the
+    process starts); a library already loaded under that name is the one it gets. So
+    ``$MILLSTREAM_FDB_HOME/lib`` (with the libraries beside it that it links, such as
+    Boost's) or the first of :data:`STANDARD_LIBRARY_PATHS` that exists is loaded here,
+    and no environment variable has to be set before the process starts.
+
+    Raises:
+        StoreUnavailableError: ``$MILLSTREAM_FDB_HOME`` is set but holds no loadable
+            ``lib/libfdb_c``.
+    """
+    import ctypes
+    import glob
+
+    home = os.environ.get(HOME_VARIABLE)
+    if home:
+        lib = os.path.join(os.path.abspath(home), "lib")
+        names = ("libfdb_c.so", "libfdb_c.dylib")
+        library = next(
+            (os.path.join(lib, n) for n in names if os.path.isfile(os.path.join(lib, n))), None
+        )
+        if library is None:
+            raise StoreUnavailableError(
+                explain_load_error(
+                    f"{HOME_VARIABLE}={home} holds no lib/libfdb_c.so",
+                    binding_version=_binding_version(),
+                    header_version=None,
+                    max_supported=None,
+                    missing=True,
+                )
+            )
+        try:
+            for dependency in sorted(glob.glob(os.path.join(lib, "*.so.*"))):
+                ctypes.CDLL(dependency, mode=ctypes.RTLD_GLOBAL)
+            ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+        except OSError as exc:
+            raise StoreUnavailableError(
+                explain_load_error(
+                    f"{library} does not load ({exc})",
+                    binding_version=_binding_version(),
+                    header_version=None,
+                    max_supported=None,
+                    missing=True,
+                )
+            ) from exc
+        return
+    for library in STANDARD_LIBRARY_PATHS:
+        if os.path.isfile(library):
+            with contextlib.suppress(OSError):  # the binding then reports what it finds
+                ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
 def _binding_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -139,8 +222,6 @@ def _binding_version() -> str:
 
 def _max_client_api_version() -> int | None:
     """The newest API version the loaded ``libfdb_c`` serves, if it loaded at all."""
-    import sys
-
     impl = sys.modules.get("fdb.impl")
     try:
         return int(impl._capi.fdb_get_max_api_version()) if impl is not None else None
@@ -152,7 +233,7 @@ def explain_load_error(
     text: str,
     *,
     binding_version: str,
-    header_version: int,
+    header_version: int | None,
     max_supported: int | None,
     missing: bool = False,
 ) -> str:
@@ -162,13 +243,18 @@ def explain_load_error(
         text: What the binding raised.
         binding_version: The installed ``foundationdb`` package's version.
         header_version: The API version the binding was built for (its header version,
-            ``fdb.LATEST_API_VERSION``), which it passes to ``libfdb_c``.
+            ``fdb.LATEST_API_VERSION``), which it passes to ``libfdb_c``; ``None`` when
+            the library was not reached.
         max_supported: The newest API version the installed ``libfdb_c`` serves, when it
             loaded.
         missing: ``libfdb_c`` could not be loaded at all.
     """
-    if missing:
-        return f"FoundationDB client library libfdb_c not found: {text} {INSTALL_HINT}"
+    if missing or header_version is None:
+        return (
+            f"FoundationDB client library libfdb_c not found ({text}): the binding "
+            f"foundationdb {binding_version} needs libfdb_c 7.3 or newer (API version "
+            f"{FDB_API_VERSION}). {INSTALL_HINT}"
+        )
     if max_supported is not None and max_supported < FDB_API_VERSION:
         return (
             f"the installed libfdb_c serves API versions up to {max_supported}, but millstream "
@@ -268,6 +354,12 @@ def store_error(code: int, description: str, where: str, *, retryable: bool = Fa
     return StoreError(text)
 
 
+def wake_key(key: bytes) -> bytes:
+    """The counter a commit that wakes the waiters of ``key`` (packed, with its store's
+    prefix) adds to; see :data:`WAKE_SUBSPACE`."""
+    return pack((WAKE_SUBSPACE, key))
+
+
 class FdbTransaction(StoreTransaction):
     """A transaction on a :class:`FdbStore`: a thin layer over ``fdb.Transaction``."""
 
@@ -350,6 +442,10 @@ class FdbTransaction(StoreTransaction):
             for k, future in futures:
                 set_(k, add_int64s(future.wait().value, combined[k]))
 
+    def _raw_wake(self, key: bytes) -> None:
+        with self._errors("wake_on_commit"):
+            self._tr.add(wake_key(key), _ONE)
+
     def _raw_commit(self) -> None:
         with self._errors("commit"):
             self._tr.commit().wait()
@@ -419,21 +515,24 @@ class FdbStore(Store):
     def wait_for(
         self, key: Key, until: Callable[[bytes | None], bool], timeout_seconds: float
     ) -> None:
-        """See :meth:`Store.wait_for`: a watch on ``key``, set in the transaction that read
-        it, so that a write committed after the read fires it (FoundationDB watches fire on
-        any change from the value the transaction saw)."""
+        """See :meth:`Store.wait_for`: watches on ``key`` and on its wake counter
+        (:data:`WAKE_SUBSPACE`), set in the transaction that read it, so that a write
+        committed after the read fires one (FoundationDB watches fire on any change from the
+        value the transaction saw)."""
         raw = self.prefix_bytes + pack(key)
         tr = self.database.create_transaction()
         try:
             value = tr.snapshot.get(raw).wait().value
             if until(value):
                 return
-            watch = tr.watch(raw)
+            watches = [tr.watch(raw), tr.watch(wake_key(raw))]
             tr.commit().wait()
             fired = threading.Event()
-            watch.on_ready(lambda _: fired.set())
+            for watch in watches:
+                watch.on_ready(lambda _: fired.set())
             fired.wait(max(0.0, timeout_seconds))
-            watch.cancel()
+            for watch in watches:
+                watch.cancel()
         except self._fdb.FDBError as exc:
             raise map_fdb_error(self._fdb, exc, "wait_for") from exc
 
@@ -454,4 +553,5 @@ __all__ = [
     "load_fdb",
     "map_fdb_error",
     "store_error",
+    "wake_key",
 ]

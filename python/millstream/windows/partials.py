@@ -26,6 +26,14 @@ GLOBAL_KEY = "key"
 _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 
 
+def _is_key_type(kind: pa.DataType) -> bool:
+    """Key types the windows group, sort, route and store (as tuple-key elements)."""
+    return bool(
+        pa.types.is_integer(kind)
+        or kind in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
+    )
+
+
 @dataclass(frozen=True)
 class Plan:
     """The partial columns of an aggregation and how each merges.
@@ -99,7 +107,9 @@ def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, in
     time column's type.
 
     Raises:
-        ConfigurationError: A column is missing, or an aggregated column has nulls.
+        ConfigurationError: A column is missing, the key column is not an integer, string
+            or binary, or an aggregated column has nulls or a type whose partials the store
+            cannot keep exactly (:func:`value_type_error`).
     """
     missing = [
         c
@@ -119,6 +129,13 @@ def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, in
     if windows.key is None:
         columns[plan.key] = np.zeros(len(rows), dtype=np.int64)
     else:
+        key_type = table.schema.field(windows.key).type
+        if not _is_key_type(key_type):
+            raise ConfigurationError(
+                f"the key column {windows.key!r} is {key_type}: window keys are integers, "
+                "strings or binaries (string, large_string, binary, large_binary); cast it "
+                "in WindowMapper.prepare()"
+            )
         columns[plan.key] = table[windows.key].take(picked)
     aggregations: list[tuple[str | list[str], str]] = []
     for name, source, function in plan.partials:
@@ -126,6 +143,9 @@ def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, in
             aggregations.append(([], "count_all"))
             continue
         values = table[source]
+        refused = value_type_error(source, values.type, function)
+        if refused is not None:
+            raise ConfigurationError(refused)
         if values.null_count:
             raise ConfigurationError(
                 f"column {source!r} has nulls; the window aggregates take columns without nulls"
@@ -169,7 +189,8 @@ def finish(partials: pa.Table, windows: Windows, plan: Plan, kind: pa.DataType) 
         columns[windows.key] = ordered[plan.key]
     for out, (column, function) in windows.aggregates.items():
         if function == "mean":
-            total = pc.cast(ordered[plan.name(column, "sum")], pa.float64())
+            # A sum past 2**53 has no exact float64: the mean rounds it, as pyarrow's does.
+            total = pc.cast(ordered[plan.name(column, "sum")], pa.float64(), safe=False)
             count = pc.cast(ordered[plan.name(None, "count")], pa.float64())
             columns[out] = pc.divide(total, count)
         elif function == "count":
@@ -190,12 +211,64 @@ def key_groups_of(table: pa.Table, plan: Plan, key_groups: int) -> np.ndarray:
     return np.asarray(groups.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
+def value_type_error(column: str, kind: pa.DataType, function: str) -> str | None:
+    """Why the windows cannot aggregate a ``column`` of type ``kind`` with ``function``
+    (None: they can, and its partial round-trips through the store exactly).
+
+    Every partial is stored in 8 bytes, bit for bit: integers of any width, float32 and
+    float64 (NaN, infinities and -0.0 included), booleans, and for ``min`` and ``max``
+    timestamps. Other types would be changed on the way, so they are refused.
+    """
+    if pa.types.is_integer(kind) or kind in (pa.float32(), pa.float64(), pa.bool_()):
+        return None
+    if pa.types.is_timestamp(kind):
+        if function in ("min", "max"):
+            return None
+        advice = "aggregate it with min or max, or cast it to int64 ticks in prepare()"
+    elif pa.types.is_float16(kind):
+        advice = "cast it to float32 in WindowMapper.prepare()"
+    elif pa.types.is_decimal(kind):
+        advice = (
+            "cast it in WindowMapper.prepare() to float64, or to int64 in its smallest unit "
+            "(cents, for example) to keep it exact"
+        )
+    else:
+        advice = "cast it to int64 or float64 in WindowMapper.prepare()"
+    return (
+        f"column {column!r} is {kind}: the window aggregates cannot store its {function} "
+        "exactly (they take integers, float32, float64, booleans, and timestamps for min "
+        f"and max): {advice}"
+    )
+
+
+def _bit_width(kind: pa.DataType) -> tuple[str, int]:
+    """The integer kind (``"i"``/``"u"``) and byte width holding a partial's bits."""
+    if pa.types.is_boolean(kind):
+        return "u", 1
+    signed = "u" if pa.types.is_unsigned_integer(kind) else "i"
+    return signed, kind.bit_width // 8
+
+
 def encode(table: pa.Table, plan: Plan) -> pa.Array:
-    """Each row's partials as one fixed-width binary value (8 bytes per partial)."""
+    """Each row's partials as one fixed-width binary value (8 bytes per partial), each the
+    partial's own bits widened to 64 (signed types sign-extended), so :func:`decode`
+    gives back every value exactly, whatever its type.
+
+    Raises:
+        ValueError: A partial column has nulls or a type wider than 8 bytes.
+    """
     matrix = np.empty((table.num_rows, len(plan.partials)), dtype=np.int64)
     for j, name in enumerate(plan.names):
-        values = np.asarray(table[name].to_numpy(zero_copy_only=False))
-        matrix[:, j] = values.view(np.int64) if values.dtype == np.float64 else values
+        column = table[name]
+        if column.null_count:
+            raise ValueError(f"partial column {name!r} has nulls: partials never do")
+        signed, width = _bit_width(column.type)
+        values = np.asarray(column.to_numpy(zero_copy_only=False))
+        if pa.types.is_boolean(column.type):
+            values = values.astype(np.uint8)
+        elif values.dtype.itemsize != width or values.dtype.kind not in "iufM":
+            raise ValueError(f"partial column {name!r} is {column.type}: it has no 8-byte form")
+        matrix[:, j] = values.view(f"{signed}{width}").astype(np.int64)
     width = 8 * len(plan.partials)
     fixed = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(width), table.num_rows, [None, pa.py_buffer(matrix.tobytes())]
@@ -211,8 +284,11 @@ def decode(values: list[bytes], schema: pa.Schema, plan: Plan) -> dict[str, pa.A
     out = {}
     for j, name in enumerate(plan.names):
         kind = schema.field(name).type
-        column = np.ascontiguousarray(matrix[:, j])
-        out[name] = pa.array(
-            column.view(np.float64) if pa.types.is_floating(kind) else column
-        ).cast(kind)
+        signed, width = _bit_width(kind)
+        bits = matrix[:, j].astype(f"{signed}{width}")
+        if pa.types.is_boolean(kind):
+            out[name] = pa.array(bits.astype(bool), pa.bool_())
+        else:
+            buffer = pa.py_buffer(np.ascontiguousarray(bits).tobytes())
+            out[name] = pa.Array.from_buffers(kind, len(values), [None, buffer])
     return out

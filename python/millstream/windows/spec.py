@@ -34,14 +34,19 @@ class Windows:
     Args:
         time: The event-time column: int64 (ticks of your choice, e.g. epoch
             milliseconds) or a timestamp.
-        key: The key column (int64 or string); ``None``: one global key.
+        key: The key column (integers, string, large_string, binary or large_binary);
+            ``None``: one global key.
         size: The window's length.
         slide: Sliding windows start every ``slide`` (which divides ``size``); None:
             tumbling windows.
         lateness: How far behind the watermark a row may be and still count.
         aggregates: Output column -> ``(input column, function)``, function one of
             ``count``, ``sum``, ``min``, ``max``, ``mean`` (``count`` may take ``None`` as
-            its column: every row). Input columns must have no nulls.
+            its column: every row). Input columns must have no nulls, and be integers,
+            float32, float64 or booleans (or timestamps, for ``min`` and ``max``); others
+            are refused on the first batch. Output types: ``min`` and ``max`` keep the
+            column's type, ``sum`` is int64 (signed integers), uint64 (unsigned integers,
+            booleans) or float64 (floats), ``mean`` float64, ``count`` int64.
         output: Name of the processor output (a ``StoreQueue`` or a ``ParquetSink`` in
             ``Processor(outputs=...)``) the closed windows go to, as rows
             ``(window_start, window_end, key, *aggregates)``.

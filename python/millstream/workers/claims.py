@@ -21,7 +21,12 @@ from millstream.state import StoreTransaction
 
 
 class Claims:
-    """The highest committed row index each reducer claimed in a GetRows, thread-safe."""
+    """The highest committed row index each reducer claimed in a GetRows, thread-safe.
+
+    One belongs to one window for its whole life and is never cleared: a new window comes
+    with a new one (:class:`~millstream.workers.serving.ServingState`), so no claim made
+    against a window can be lost while that window's state may still be persisted.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -38,11 +43,6 @@ class Claims:
         that state reflects was claimed before, and committed before it was claimed."""
         with self._lock:
             return dict(self._claims)
-
-    def clear(self) -> None:
-        """Forget every claim (a fresh window after a restart)."""
-        with self._lock:
-            self._claims.clear()
 
 
 def check_claims(

@@ -10,9 +10,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -28,7 +27,6 @@ from millstream.exceptions import (
     MillstreamError,
     RetryableStoreError,
     SplitBrainError,
-    StaleMapperError,
     StoreConflictError,
     StoreUnavailableError,
     UserCodeError,
@@ -50,8 +48,9 @@ from millstream.ledger import (
 from millstream.ledger.spill import spilled_through, write_spill_chunk
 from millstream.rpc.calls import max_payload_bytes
 from millstream.state import Store, StoreTransaction, pack, unpack
-from millstream.workers.claims import Claims, check_claims
+from millstream.workers.claims import check_claims
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
+from millstream.workers.serving import ServingState, WindowService
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -65,7 +64,7 @@ SPILL_CHUNK_SHARE = 0.9
 """A spilled chunk takes at most this share of the store's value limit."""
 
 
-class MapperWorker:
+class MapperWorker(WindowService):
     """One mapper instance over one input partition (a mapper worker reading several
     partitions runs one of these per partition, :mod:`millstream.workers.serve`).
 
@@ -91,22 +90,15 @@ class MapperWorker:
         guid: str | None = None,
         memory_limit_bytes: int | None = None,
     ) -> None:
+        super().__init__(index, guid or uuid.uuid4().hex, processor.num_reducers, clock)
         self.processor = processor
-        self.index = index
         self.store = store
-        self.clock = clock
         self.tuning = processor.tuning
         self.memory_limit_bytes = memory_limit_bytes or processor.tuning.memory_limit_bytes
-        self.guid = guid or uuid.uuid4().hex
         self.spec = processor.spec("mapper", index, self.guid)
         self.user = processor.mapper(self.spec, processor.config)
         self.reader = reader if reader is not None else processor.input.reader(index)
-        self.window: _core.Window | None = None
         self.persisted = MapperState()
-        self.end_of_input = False
-        self.behind = False
-        """Whether the last read filled a whole batch: more input is ready at once, so the
-        reducers may gather rows into fewer, larger commits (:meth:`gather`)."""
         self._token = b""
         self.rows_read = 0
         self.rows_shuffled = 0
@@ -116,16 +108,9 @@ class MapperWorker:
         self.errors = 0
         self.last_error = ""
         self._input_trimmed_to: int | None = None
-        self._rows_pushed = threading.Condition()
-        """Notified when rows enter the window (and when the window changes or closes)."""
-        self._closed = False
-        self.claims = Claims()
-        """What reducers claimed to have committed (checked before persisting)."""
         self.rows_spilled = 0
         self.bytes_spilled = 0
         self.spills = 0
-        self._last_call = [clock.now()] * processor.num_reducers
-        """When each reducer last called GetRows (at both ends of a held call)."""
         self._entry_bytes: collections.deque[int] = collections.deque(maxlen=8)
         """Window bytes of the last few mapped batches: the room the next one needs."""
         self.rescale_through: int | None = None
@@ -160,7 +145,7 @@ class MapperWorker:
                 "stop it and start the processor with the new count"
             )
         old = self.window
-        self.window = _core.Window(
+        window = _core.Window(
             self.processor.num_reducers,
             self.memory_limit_bytes,
             self.persisted.input_unread_row_index,
@@ -170,13 +155,13 @@ class MapperWorker:
         )
         for r, through in enumerate(spilled):
             if through >= 0:  # rows in the store already: never buffered again
-                self.window.mark_spilled(r, through)
-        self.claims.clear()
+                window.mark_spilled(r, through)
+        # One swap: the window with new, empty claims and its input not ended
+        # (:mod:`millstream.workers.serving`); a GetRows sees the old state or the new.
+        self.window = window
         if old is not None:
             old.close()
-        self._notify_rows()
         self._token = self.persisted.continuation_token
-        self.end_of_input = False
         self.behind = True  # until the first read says otherwise
         self._batches_unpersisted = 0
         self._input_trimmed_to = None
@@ -418,121 +403,11 @@ class MapperWorker:
         batch = pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
         return ReadResult(batch, token, end_of_input)
 
-    def _require_window(self) -> _core.Window:
-        if self.window is None:
-            raise RuntimeError("start_ingestion() must run first")
-        return self.window
-
-    # -- GetRows (thesis 4.3.4) ---------------------------------------------------------
-
-    def handle_get_rows(
-        self,
-        reducer_index: int,
-        committed_row_index: int,
-        max_rows: int,
-        max_bytes: int,
-        mapper_id: str,
-        *,
-        after_row_index: int | None = None,
-        shuffle_indices: bool = False,
-    ) -> tuple[int, int, bytes]:
-        """Serve one GetRows; trims window entries as a side effect (TrimWindowEntries).
-        Rows come from after ``after_row_index`` when given (the reducer's fetch position),
-        with their shuffle indices as a last column when ``shuffle_indices``.
-
-        Raises:
-            StaleMapperError: ``mapper_id`` is not this instance's GUID.
-        """
-        if mapper_id != self.guid:
-            raise StaleMapperError(
-                f"GetRows for mapper instance {mapper_id} reached mapper {self.index} "
-                f"instance {self.guid}; refresh discovery"
-            )
-        window = self.window
+    def _require_window(self, state: ServingState | None = None) -> _core.Window:
+        window = (self.serving if state is None else state).window
         if window is None:
-            return 0, committed_row_index, b""
-        if 0 <= reducer_index < self.processor.num_reducers:
-            self.claims.record(reducer_index, committed_row_index)
-            self._last_call[reducer_index] = self.clock.now()
-        return window.get_rows(
-            reducer_index,
-            committed_row_index,
-            max_rows,
-            max_bytes,
-            after_row_index,
-            shuffle_indices,
-        )
-
-    def fetched_all(self, reducer_index: int, after_row_index: int) -> bool:
-        """Whether the whole (bounded) input is read and the window holds no row for
-        ``reducer_index`` after ``after_row_index``: that reducer has everything. In a
-        rescale's run the input ends at the rescale's cut, and the reducers, which know
-        they are rescaling, hand over there instead of ending."""
-        ended = self.end_of_input  # read first: it turns true only after the last push
-        window = self.window
-        if not ended or window is None or not 0 <= reducer_index < self.processor.num_reducers:
-            return False
-        return window.bucket_len(reducer_index, after_row_index) == 0
-
-    def wait_for_rows(
-        self, reducer_index: int, timeout_seconds: float, after_row_index: int | None = None
-    ) -> bool:
-        """Wait until the window holds rows for ``reducer_index`` (after
-        ``after_row_index``, if given), at most ``timeout_seconds``: a GetRows that found
-        none answers as soon as some arrive instead of the reducer polling. Returns whether
-        to look again."""
-        window = self.window
-        if window is None or not 0 <= reducer_index < self.processor.num_reducers:
-            return False
-        return self._wait_on_window(
-            window, lambda: window.bucket_len(reducer_index, after_row_index) > 0, timeout_seconds
-        )
-
-    def gather(
-        self,
-        reducer_index: int,
-        min_rows: int,
-        timeout_seconds: float,
-        after_row_index: int | None = None,
-    ) -> None:
-        """Hold a reducer's GetRows while its backlog gathers: return once ``min_rows`` rows
-        wait for ``reducer_index`` (after ``after_row_index``: a pipelined reducer's fetch
-        position, past the rows it is committing), this mapper has caught up with its input
-        (no longer :attr:`behind`), its window is half full (reading must not stall on the
-        memory limit), or ``timeout_seconds`` have passed. A reducer that is behind thus
-        commits a few large batches instead of many small ones, as a micro-batch engine
-        does."""
-        window = self.window
-        if window is None or not 0 <= reducer_index < self.processor.num_reducers:
-            return
-
-        def gathered() -> bool:
-            if not self.behind or window.bucket_len(reducer_index, after_row_index) >= min_rows:
-                return True
-            snapshot = window.snapshot()
-            return 2 * snapshot.buffered_bytes >= snapshot.memory_limit_bytes
-
-        self._wait_on_window(window, gathered, timeout_seconds)
-
-    def _wait_on_window(
-        self, window: _core.Window, ready: Callable[[], bool], timeout_seconds: float
-    ) -> bool:
-        """Wait, woken whenever rows are pushed, until ``ready()`` or the window is replaced
-        (True), or this worker closes or ``timeout_seconds`` pass (False)."""
-        deadline = time.monotonic() + timeout_seconds
-        with self._rows_pushed:
-            while not self._closed:
-                if self.window is not window or ready():
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._rows_pushed.wait(left)
-            return False
-
-    def _notify_rows(self) -> None:
-        with self._rows_pushed:
-            self._rows_pushed.notify_all()
+            raise RuntimeError("start_ingestion() must run first")
+        return window
 
     # -- straggler spill (thesis section 6) ----------------------------------------------
 
@@ -565,7 +440,8 @@ class MapperWorker:
         Raises:
             SplitBrainError: Another instance wrote this mapper's state.
         """
-        window = self._require_window()
+        state = self.serving  # the window and the claims made against it, together
+        window = self._require_window(state)
         stragglers = self.stragglers() if stragglers is None else list(stragglers)
         if not stragglers:
             return 0
@@ -580,7 +456,7 @@ class MapperWorker:
         )
         if not chunks:
             return 0
-        claims = self.claims.snapshot()  # after the peek: covers every pop it reflects
+        claims = state.claims.snapshot()  # after the peek: covers every pop it reflects
         txn = self.store.create_transaction()
         try:
             self._verify_persisted(txn)
@@ -631,9 +507,10 @@ class MapperWorker:
             WindowLostRowsError: A reducer claimed rows the store does not say it committed
                 (the window dropped them); restart from the persisted state.
         """
-        window = self._require_window()
+        state = self.serving  # the window and the claims made against it, together
+        window = self._require_window(state)
         input_index, shuffle_index, token = window.local_state()
-        claims = self.claims.snapshot()  # after the state: covers every pop it reflects
+        claims = state.claims.snapshot()  # after the state: covers every pop it reflects
         advanced = (
             input_index > self.persisted.input_unread_row_index
             or shuffle_index > self.persisted.shuffle_unread_row_index

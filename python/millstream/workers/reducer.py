@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from millstream import _core
 from millstream.api import Transaction
 from millstream.exceptions import (
+    CommitUnknownResultError,
     MillstreamError,
     RetryableStoreError,
     StoreConflictError,
@@ -34,7 +35,6 @@ from millstream.ledger import (
     ReducerState,
     WorkerInfo,
     drained_key,
-    drained_marker_key,
     list_workers,
     read_numbering,
     read_reducer_state,
@@ -44,15 +44,17 @@ from millstream.ledger import (
     write_reducer_state,
 )
 from millstream.ledger.spill import clear_spill, read_spill, spill_pending
-from millstream.outputs import StagedOutputs, finish_publishing, seal_queues
+from millstream.outputs import StagedOutputs, finish_publishing
 from millstream.queue_reducer import PendingRows, QueueReducer
 from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 from millstream.state import Store, StoreTransaction
 from millstream.state.replay import ReplayingTransaction
+from millstream.workers import drain
 from millstream.workers.cadence import CommitCadence
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
 from millstream.workers.discovery import DiscoveryView
 from millstream.workers.pending import PendingQueue
+from millstream.workers.settling import ROUND, UnsettledOutputs
 from millstream.workers.status import TimeSpent
 
 if TYPE_CHECKING:
@@ -165,6 +167,9 @@ class ReducerWorker:
         self._view_cut = False
         """Queue reducer: whether the last ``process`` saw only part of the pending rows
         (then the next round shows it the rest, whatever arrived)."""
+        self.unsettled = UnsettledOutputs()
+        """Staged files of commits whose outcome is unknown, published on the next rounds
+        once the store tells that they landed."""
 
     def _read_view(self) -> tuple[ReducerState, dict[int, WorkerInfo], set[int]]:
         """Steps 2-3: the persisted state, live mappers, and mappers already drained.
@@ -266,6 +271,7 @@ class ReducerWorker:
         """
         self._round_started = self.clock.now()
         state, mappers, drained = self._read_view()
+        self.settle_unknown_commits()
         self.last_state = state
         self.user.drained_mappers = frozenset() if self.rescaling else frozenset(drained)
         self.all_drained = len(drained) == self.processor.num_partitions and not self._spill_pending
@@ -501,12 +507,7 @@ class ReducerWorker:
             )
             prefix = pending.finished_prefix()
             new = queue.committed_after(prefix)
-            if (
-                new == state.committed_row_indices
-                and txn.write_size == 0
-                and not outputs.rows_appended
-                and not outputs.files_staged
-            ):
+            if new == state.committed_row_indices and txn.write_size == 0 and outputs.empty:
                 self._told_ended = ended  # nothing to commit: the round is settled
                 self._pending_share = min(1.0, self._pending_share * 2)  # it wrote nothing
                 return None
@@ -799,8 +800,12 @@ class ReducerWorker:
         except StoreConflictError:
             self.split_brains += 1
             return False
+        except CommitUnknownResultError:
+            self.unsettled.hold(outputs, ROUND, read=state)
+            raise
         finally:
             self.renewals += txn.renewals
+        self.unsettled.committed(ROUND, wrote=new)
         self._published(outputs)
         self.last_state = new
         self.last_write_size = size
@@ -838,52 +843,33 @@ class ReducerWorker:
         }
 
     def finish(self) -> bool:
-        """Once the processor drained: the user's ``drain`` transaction (once), then the
-        outputs. Returns False when the drain transaction lost a conflict (call again).
-
-        Every row is committed by every reducer; once every reducer's ``drain`` committed
-        too, nothing appends to the output queues again, and the last reducer to get
-        there seals them, so that a processor reading them drains too.
+        """Once the processor drained: the user's ``drain`` committed once, then the outputs
+        (:func:`millstream.workers.drain.finish`). Returns False after a conflict (call again).
 
         Raises:
             UserCodeError: ``drain`` raised; nothing of it was committed.
+            RetryableStoreError, StoreUnavailableError: The store failed; call again later.
         """
-        if not self._commit_drain():
-            return False
-        reducers = range(self.processor.num_reducers)
-        with self.store.read() as txn:
-            everyone = all(txn.get(drained_marker_key(r)) is not None for r in reducers)
-        if everyone:
-            seal_queues(self.processor.outputs)
-        finish_publishing(self.processor.outputs)
-        return True
+        return drain.finish(self)
 
-    def _commit_drain(self) -> bool:
-        """Run ``Reducer.drain`` in a transaction with this reducer's drained marker."""
-        txn = ReplayingTransaction(self.store)
-        outputs = self._staged_outputs()
-        try:
-            with outputs.settled_with(txn):
-                if txn.get(drained_marker_key(self.index)) is not None:
-                    txn.reset()
-                    return True
-                try:
-                    self.user.drain(Transaction(txn, outputs))
-                except (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError):
-                    raise
-                except Exception as exc:
-                    raise UserCodeError(
-                        f"drain of reducer {self.index} raised: {exc!r}. Nothing of it was "
-                        "committed; fix the reducer and restart the processor"
-                    ) from exc
-                txn.set(drained_marker_key(self.index), b"")
-                outputs.apply(txn)
-                txn.commit()
-        except StoreConflictError:
-            return False
-        self._published(outputs)
-        self._notify_commit()
-        return True
+    def start_up(self) -> None:
+        """What an instance reads before its first round: it publishes the files its
+        predecessors' commits recorded, and learns whether this run is a rescale's (which
+        ends at its cut, not at the processor's end: no drain).
+
+        Raises:
+            RetryableStoreError, StoreUnavailableError: The store failed; call again later.
+        """
+        finish_publishing(self.processor.outputs)
+        with self.store.read() as txn:
+            self.rescaling = read_rescale(txn) is not None
+
+    def settle_unknown_commits(self) -> None:
+        """Publish the files of earlier commits reported unknown that landed after all
+        (:class:`~millstream.workers.settling.UnsettledOutputs`), and count them."""
+        for outputs in self.unsettled.settle(self.store):
+            self.rows_emitted += outputs.rows_appended
+            self.files_published += outputs.files_staged
 
     def _staged_outputs(self) -> StagedOutputs:
         """What one transaction's user code sends to the processor's outputs."""
@@ -912,10 +898,13 @@ class ReducerWorker:
         idle = Backoff(t.idle_seconds, max(t.idle_seconds, min(0.1, t.commit_interval_seconds)))
         cadence = self.cadence
         last_start = self.clock.now() - cadence.interval  # of the last round that committed
-        finish_publishing(self.processor.outputs)
-        with self.store.read() as txn:
-            # A rescale's run ends at its cut: not the processor's end, so no drain.
-            self.rescaling = read_rescale(txn) is not None
+        while not stop.is_set():
+            try:
+                self.start_up()
+                break
+            except (RetryableStoreError, StoreUnavailableError) as exc:
+                self._note_error("store, starting", exc)
+                self.clock.sleep(backoff.next(), stop)
         while not stop.is_set():
             wait = cadence.interval - (self.clock.now() - last_start)
             while wait > 0 and not self.capped and not self.gathering and not stop.is_set():
@@ -936,8 +925,13 @@ class ReducerWorker:
                 self._note_error("store", exc)
                 self.clock.sleep(backoff.next(), stop)
                 continue
-            if self.all_drained and (self.rescaling or self.finish()):
-                return
+            try:
+                if self.all_drained and (self.rescaling or self.finish()):
+                    return
+            except (RetryableStoreError, StoreUnavailableError) as exc:
+                self._note_error("store, draining", exc)
+                self.clock.sleep(backoff.next(), stop)
+                continue
             if committed:
                 backoff.reset()
                 idle.reset()

@@ -3,11 +3,12 @@ server (mapper) or client (reducer), its heartbeat and its main loop."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from millstream.exceptions import ConfigurationError
+from millstream.exceptions import ConfigurationError, RetryableStoreError, StoreUnavailableError
 from millstream.ledger import (
     Metric,
     check_processor_info,
@@ -19,6 +20,7 @@ from millstream.rpc.server import RowsServer
 from millstream.rpc.tls import TlsFiles, tls_files
 from millstream.state import Store, StoreTransaction
 from millstream.workers import metrics as prometheus
+from millstream.workers.clock import Backoff
 from millstream.workers.mapper import MapperWorker
 from millstream.workers.reducer import ReducerWorker
 from millstream.workers.status import MapperStatus, ReducerStatus
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 from millstream.workers.heartbeat import Heartbeat
 
 ROLES = ("mapper", "reducer")
+
+log = logging.getLogger(__name__)
 
 
 def run_worker(
@@ -72,7 +76,8 @@ def run_worker(
     stop = stop_event if stop_event is not None else threading.Event()
     store = processor.open_store()
     try:
-        store.transact(lambda txn: check_processor_info(txn, processor.info), idempotent=True)
+        if not _check_processor(processor, store, stop, f"{role} {index}"):
+            return
         tls = tls_files(processor.tuning)
         if role == "mapper":
             _serve_mapper(processor, index, store, stop, guid, host, tls)
@@ -80,6 +85,22 @@ def run_worker(
             _serve_reducer(processor, index, store, stop, guid, tls)
     finally:
         store.close()
+
+
+def _check_processor(processor: Processor, store: Store, stop: threading.Event, who: str) -> bool:
+    """Record the processor in the store, or check it against the one recorded: retried
+    with the workers' back-off while the store fails (a store down at a worker's start is
+    waited out, as in its loop); False when ``stop`` was set first."""
+    t = processor.tuning
+    backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
+    while not stop.is_set():
+        try:
+            store.transact(lambda txn: check_processor_info(txn, processor.info), idempotent=True)
+            return True
+        except (RetryableStoreError, StoreUnavailableError) as exc:
+            log.warning("%s: store, starting: %s (retrying)", who, exc)
+            stop.wait(backoff.next())
+    return False
 
 
 def _serve_mapper(

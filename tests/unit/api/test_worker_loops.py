@@ -13,7 +13,7 @@ from pathlib import Path
 
 import millstream as ms
 import pytest
-from millstream.exceptions import UserCodeError
+from millstream.exceptions import StoreUnavailableError, UserCodeError
 from millstream.ledger import OUTPUT, list_workers, read_statuses
 from millstream.state import decode_int64
 from millstream.workers import run_worker
@@ -105,6 +105,44 @@ def test_workers_in_threads_drain_exactly(tmp_path: Path) -> None:
         store.close()
     assert int(statuses[("mapper", 0)]["rows_read"]) == 1_000
     assert int(statuses[("reducer", 0)]["commits"]) >= 1
+
+
+class _DownAtStart:
+    """A real store whose first ``down`` transactions fail as unavailable (a store that
+    is down when a worker starts, up again a moment later)."""
+
+    def __init__(self, inner: ms.state.Store, down: int) -> None:
+        self._inner = inner
+        self.down = down
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def transact(self, fn: Callable[..., object], **kwargs: object) -> object:
+        if self.down > 0:
+            self.down -= 1
+            raise StoreUnavailableError("injected: the store is down")
+        return self._inner.transact(fn, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_store_down_at_the_workers_start_is_waited_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    processor = _processor(tmp_path)
+    opened: list[_DownAtStart] = []
+    real_open = type(processor).open_store
+
+    def open_store(self: ms.Processor) -> object:
+        store = _DownAtStart(real_open(self), down=3)
+        opened.append(store)
+        return store
+
+    monkeypatch.setattr(type(processor), "open_store", open_store)
+    assert _run_all(processor, threading.Event()) == []
+    monkeypatch.undo()
+    assert len(opened) >= 4, "every worker opened its store"
+    assert all(store.down == 0 for store in opened[:4]), "each waited its outage out"
+    assert _counts(processor) == expected_counts(tables())
 
 
 def test_user_errors_are_retried_when_configured(tmp_path: Path) -> None:

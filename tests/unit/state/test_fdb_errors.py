@@ -61,6 +61,7 @@ def test_conflicts_and_too_old_keep_their_classes() -> None:
     assert type(store_error(1025, "transaction_cancelled", "get")) is StoreError
 
 
+@pytest.mark.fdb
 def test_mapping_agrees_with_the_binding_predicates_on_real_errors() -> None:
     try:
         fdb = load_fdb()

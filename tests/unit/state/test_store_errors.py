@@ -13,7 +13,6 @@ from millstream.exceptions import (
     StoreUnavailableError,
 )
 from millstream.state import open_store, parse_store_url
-from millstream.state.fdb_backend import load_fdb
 from millstream.state.sqlite.sql import begin_transaction as _begin
 
 
@@ -136,25 +135,6 @@ def test_foreign_sqlite_database_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StoreCorruptError, match="not a millstream store"):
         open_store(f"sqlite:///{path}")
-
-
-def _libfdb_c_loads() -> bool:
-    try:
-        load_fdb()
-    except StoreUnavailableError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(_libfdb_c_loads(), reason="libfdb_c is installed here")
-def test_missing_libfdb_c_says_how_to_install(tmp_path: Path) -> None:
-    cluster = tmp_path / "fdb.cluster"
-    cluster.write_text("test:test@127.0.0.1:4500\n")
-    with pytest.raises(StoreUnavailableError, match="libfdb_c not found") as info:
-        open_store(f"fdb://{cluster}")
-    assert "github.com/apple/foundationdb/releases" in str(info.value)
-    with pytest.raises(StoreUnavailableError, match="libfdb_c not found"):
-        open_store("fdb://")
 
 
 def test_missing_cluster_file(tmp_path: Path) -> None:

@@ -23,7 +23,11 @@ range, an add of another width) first folds every run into the table
 key.
 
 A run is written in its committing transaction, with the rest of the commit: all or
-nothing, as the commit itself; a merge or fold changes no key's value.
+nothing, as the commit itself; a merge or fold changes no key's value. A run's row also
+holds a generation, random bytes drawn for each run stored: the decoded runs a process
+keeps (:class:`RunCache`) are checked against it, and a write transaction never puts the
+runs it wrote there (until it commits they are not the table's: a rolled-back id is given
+to the next run committed).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import math
 import os
+import secrets
 import sqlite3
 import threading
 from collections import OrderedDict
@@ -70,12 +75,15 @@ MAX_RUNS = 64
 SQL_CREATE_RUNS = (
     "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
     "ord INTEGER NOT NULL, lo BLOB NOT NULL, hi BLOB NOT NULL, width INTEGER NOT NULL, "
-    "entries INTEGER NOT NULL, data BLOB NOT NULL)"
+    "entries INTEGER NOT NULL, data BLOB NOT NULL, generation BLOB)"
 )
-SQL_LIST_RUNS = "SELECT id, ord, lo, hi, width, entries FROM runs ORDER BY ord"
+SQL_ADD_RUN_GENERATION = "ALTER TABLE runs ADD COLUMN generation BLOB"
+"""Schema version 4: runs carry a :func:`generation` (NULL: stored before)."""
+SQL_LIST_RUNS = "SELECT id, ord, lo, hi, width, entries, generation FROM runs ORDER BY ord"
 SQL_RUN_DATA = "SELECT data FROM runs WHERE id = ?"
 SQL_INSERT_RUN = (
-    "INSERT INTO runs (ord, lo, hi, width, entries, data) VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+    "INSERT INTO runs (ord, lo, hi, width, entries, data, generation) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
 SQL_DELETE_RUN = "DELETE FROM runs WHERE id = ?"
 
@@ -100,6 +108,8 @@ class RunInfo:
     hi: bytes
     width: int
     entries: int
+    generation: bytes | None = None
+    """The run's :func:`generation` (None: a run of schema version 3 or earlier)."""
 
     def covers(self, key: bytes) -> bool:
         """Whether ``key`` lies in the run's key range (it may still not hold it)."""
@@ -108,6 +118,12 @@ class RunInfo:
     def overlaps(self, begin: bytes, end: bytes) -> bool:
         """Whether the run's key range meets ``[begin, end)``."""
         return self.lo < end and begin <= self.hi
+
+
+def generation() -> bytes:
+    """Drawn for each run stored and kept with it: what tells a decoded run from another
+    run later stored under its id (free to make, unlike a digest of the run's data)."""
+    return secrets.token_bytes(16)
 
 
 def list_runs(conn: sqlite3.Connection) -> list[RunInfo]:
@@ -288,27 +304,34 @@ def _join(prefix: bytes, suffixes: pa.Array) -> pa.BinaryArray:
 
 
 class RunCache:
-    """Decoded runs by id, shared by a store's transactions (runs never change once
-    written; a merge writes a new one)."""
+    """Decoded runs by id, shared by a store's transactions.
+
+    Only runs of committed snapshots enter it: a committed run never changes (a merge
+    writes a new one) and its id is never given to another. A run a write transaction
+    inserted is not committed until that transaction is, and SQLite gives the id of a
+    rolled-back insert to the next run committed, so such runs stay out
+    (:meth:`RunWriter.run`). Each entry is also checked against the generation the table
+    holds for the id.
+    """
 
     def __init__(self, size: int = 32) -> None:
         self._size = size
-        self._runs: OrderedDict[int, Run] = OrderedDict()
+        self._runs: OrderedDict[int, tuple[bytes | None, Run]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, conn: sqlite3.Connection, info: RunInfo) -> Run:
-        """The run ``info`` names, read through ``conn`` (whose snapshot holds it)."""
+        """The run ``info`` names, read through ``conn`` (whose snapshot holds it, committed)."""
         with self._lock:
-            run = self._runs.get(info.id)
-            if run is not None:
+            entry = self._runs.get(info.id)
+            if entry is not None and entry[0] == info.generation:
                 self._runs.move_to_end(info.id)
-                return run
+                return entry[1]
         row = conn.execute(SQL_RUN_DATA, (info.id,)).fetchone()
         if row is None:
             raise sqlite3.DatabaseError(f"run {info.id} is missing from the runs table")
         run = Run.decode(row[0])
         with self._lock:
-            self._runs[info.id] = run
+            self._runs[info.id] = (info.generation, run)
             while len(self._runs) > self._size:
                 self._runs.popitem(last=False)
         return run
@@ -405,12 +428,19 @@ class EncodedRun:
 
     run: Run
     data: bytes
+    generation: bytes
+    """Stored with the run (:func:`generation`)."""
+
+    @classmethod
+    def of_run(cls, run: Run) -> EncodedRun:
+        """``run``, encoded."""
+        data = run.encode()
+        return cls(run, data, generation())
 
     @classmethod
     def of_batch(cls, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> EncodedRun:
         """The run of one ``add_many`` (see :meth:`Run.of_batch`), encoded."""
-        run = Run.of_batch(keys, deltas)
-        return cls(run, run.encode())
+        return cls.of_run(Run.of_batch(keys, deltas))
 
 
 def becomes_run(keys: Sequence[bytes], min_keys: int) -> bool:
@@ -418,11 +448,13 @@ def becomes_run(keys: Sequence[bytes], min_keys: int) -> bool:
     return min_keys > 0 and len(keys) >= min_keys
 
 
-def _insert(conn: sqlite3.Connection, run: Run, order: int, data: bytes) -> RunInfo:
-    """Store ``run`` (encoded: ``data``) at ``order`` among the runs."""
+def _insert(conn: sqlite3.Connection, encoded: EncodedRun, order: int) -> RunInfo:
+    """Store ``encoded`` at ``order`` among the runs."""
+    run = encoded.run
     lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
-    (run_id,) = conn.execute(SQL_INSERT_RUN, (order, lo, hi, run.width, len(run), data)).fetchone()
-    return RunInfo(run_id, order, lo, hi, run.width, len(run))
+    values = (order, lo, hi, run.width, len(run), encoded.data, encoded.generation)
+    (run_id,) = conn.execute(SQL_INSERT_RUN, values).fetchone()
+    return RunInfo(run_id, order, lo, hi, run.width, len(run), encoded.generation)
 
 
 def _size_class(entries: int, min_keys: int) -> int:
@@ -533,7 +565,7 @@ def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout
             conn.execute("COMMIT")
         if merged is None:
             return merges
-        data = merged.encode()
+        encoded = EncodedRun.of_run(merged)
         ids = [info.id for info in group]
         begin_transaction(conn, ("BEGIN IMMEDIATE",), timeout_ms)
         try:
@@ -545,7 +577,7 @@ def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout
                 conn.execute("ROLLBACK")
                 return merges
             conn.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
-            _insert(conn, merged, group[-1].ord, data)
+            _insert(conn, encoded, group[-1].ord)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -638,12 +670,22 @@ class RunWriter:
         self.runs = runs
         self.added = False
         """Whether this commit wrote a run (then it, and only it, may merge after)."""
+        self._own: dict[int, Run] = {}
+        """The runs this commit wrote, by id: never in the shared cache (see
+        :class:`RunCache`)."""
+
+    def run(self, info: RunInfo) -> Run:
+        """The run ``info`` names: one this commit wrote, or a committed one."""
+        own = self._own.get(info.id)
+        return own if own is not None else self.cache.get(self.conn, info)
 
     def add(self, encoded: EncodedRun) -> None:
         """Store an ``add_many`` as a new run (merges come after the commit, outside
         the write lock: :func:`merge_runs`)."""
         order = self.runs[-1].ord + 1 if self.runs else 0
-        self.runs.append(_insert(self.conn, encoded.run, order, encoded.data))
+        info = _insert(self.conn, encoded, order)
+        self._own[info.id] = encoded.run
+        self.runs.append(info)
         self.added = True
         if len(self.runs) > MAX_RUNS:
             self.flush()
@@ -663,7 +705,7 @@ class RunWriter:
                 if (
                     info.covers(key)
                     and kind_width(key) != info.width
-                    and self.cache.get(self.conn, info).delta(key) is not None
+                    and self.run(info).delta(key) is not None
                 ):
                     return True
         return False
@@ -671,14 +713,13 @@ class RunWriter:
     def overlaps(self, begin: bytes, end: bytes) -> bool:
         """Whether a run holds a key in ``[begin, end)`` (a cleared range)."""
         return any(
-            info.overlaps(begin, end) and self.cache.get(self.conn, info).holds_any(begin, end)
-            for info in self.runs
+            info.overlaps(begin, end) and self.run(info).holds_any(begin, end) for info in self.runs
         )
 
     def flush(self) -> None:
         """Fold every run into the table, oldest first, and drop them."""
         for info in self.runs:
-            run = self.cache.get(self.conn, info)
+            run = self.run(info)
             keys = run.keys.to_pylist()
             if run.width == 1:
                 deltas: list[Any] = run.deltas[:, 0].tolist()

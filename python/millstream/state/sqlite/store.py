@@ -19,6 +19,7 @@ from millstream.state.keys import Key, pack
 from millstream.state.limits import StoreLimits
 from millstream.state.sqlite.runs import (
     DEFAULT_RUN_MIN_KEYS,
+    SQL_ADD_RUN_GENERATION,
     SQL_CREATE_RUNS,
     MergeLock,
     RunCache,
@@ -50,6 +51,8 @@ class SqliteStore(Store):
     handed to one transaction at a time, so threads share a store safely; after a fork the
     child opens its own connections. ``clock`` (monotonic seconds, default the real clock)
     times transactions against the five-second limit; simulations pass their own.
+    ``connection_factory`` (a :class:`sqlite3.Connection` subclass) opens every connection:
+    the seam through which fault tests fail the backend's own statements.
     """
 
     def __init__(
@@ -65,8 +68,10 @@ class SqliteStore(Store):
         run_min_keys: int = DEFAULT_RUN_MIN_KEYS,
         secure_delete: str = SECURE_DELETE[0],
         clock: Callable[[], float] | None = None,
+        connection_factory: type[sqlite3.Connection] = sqlite3.Connection,
     ) -> None:
         super().__init__(url, prefix, limits)
+        self._connection_factory = connection_factory
         if clock is not None:
             self.clock = clock
         self._path = path
@@ -117,6 +122,7 @@ class SqliteStore(Store):
                 isolation_level=None,
                 check_same_thread=False,
                 cached_statements=64,
+                factory=self._connection_factory,
             )
         except sqlite3.Error as exc:
             raise self.error(exc) from exc
@@ -176,12 +182,16 @@ class SqliteStore(Store):
                 conn.execute("COMMIT")
             else:
                 version = query("PRAGMA user_version")[0][0]
-                if version in (1, 2) and "kv" in tables:
+                if version in (1, 2, 3) and "kv" in tables:
                     # Version 1 had no delta runs: the same store with an empty runs table.
-                    # Version 2's runs decode as they are; from now on, a version that
-                    # cannot read today's runs refuses the store.
+                    # Runs of versions 2 and 3 decode as they are, without a generation; from
+                    # now on, a version that cannot read today's runs refuses the store.
                     begin_transaction(conn, ("BEGIN IMMEDIATE",), self._busy_timeout_ms)
                     conn.execute(SQL_CREATE_RUNS)
+                    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+                    if "generation" not in columns:
+                        conn.execute(SQL_ADD_RUN_GENERATION)
+                    conn.execute("UPDATE runs SET generation = NULL")
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                     conn.execute("COMMIT")
                     version = SCHEMA_VERSION

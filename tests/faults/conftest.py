@@ -1,0 +1,18 @@
+"""Fixtures of the fault tests."""
+
+from __future__ import annotations
+
+import pytest
+from millstream.inputs import store_queue
+from millstream.state.sqlite import runs
+
+
+@pytest.fixture
+def small_store_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thresholds small enough for programs of a dozen operations to merge and fold runs
+    and to append in several pieces."""
+    monkeypatch.setattr(runs, "MERGE_ABOVE", 2)
+    monkeypatch.setattr(runs, "FANOUT", 2)
+    monkeypatch.setattr(runs, "MAX_RUNS", 4)
+    monkeypatch.setattr(store_queue, "CHUNK_BYTES", 80)  # 10 int64 rows a chunk
+    monkeypatch.setattr(store_queue, "TRANSACTION_BYTES", 1)  # a piece per chunk

@@ -1,0 +1,207 @@
+"""A store queue published to a Kafka topic: each row once for read_committed consumers,
+under kill -9 of the publisher and with a zombie publisher fenced."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import millstream as ms
+import numpy as np
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from kafka_broker import new_topic
+from millstream.outputs.kafka_sink import KafkaPublisher, KafkaTarget
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _fill_queue(state: Path, name: str, rows: int, partitions: int = 2) -> ms.inputs.StoreQueue:
+    queue = ms.inputs.StoreQueue(f"sqlite:///{state}", name, partitions)
+    for p in range(partitions):
+        for start in range(0, rows, 1_000):
+            values = [f"{p}-{i}".encode() for i in range(start, min(rows, start + 1_000))]
+            queue.append(p, pa.record_batch({"key": [v[:3] for v in values], "value": values}))
+        queue.close_partition(p)
+    return queue
+
+
+def _committed_values(bootstrap: str, topic: str) -> Counter[bytes]:
+    """Every record a read_committed consumer sees in ``topic``."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "check",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    metadata = consumer.list_topics(topic, timeout=10)
+    partitions = list(metadata.topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    seen: Counter[bytes] = Counter()
+    ended: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(ended) < len(partitions) and time.monotonic() < deadline:
+        for message in consumer.consume(10_000, 0.2):
+            error = message.error()
+            if error is None:
+                seen[message.value()] += 1
+            elif error.code() == KafkaError._PARTITION_EOF:
+                ended.add(message.partition())
+    consumer.close()
+    return seen
+
+
+@pytest.fixture
+def publishers() -> Iterator[dict[int, subprocess.Popen[bytes]]]:
+    """The publisher processes of a test, by queue partition; killed if left running."""
+    running: dict[int, subprocess.Popen[bytes]] = {}
+    yield running
+    for process in running.values():
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def _expected(rows: int, partitions: int = 2) -> Counter[bytes]:
+    return Counter(f"{p}-{i}".encode() for p in range(partitions) for i in range(rows))
+
+
+def test_zombie_publisher_is_fenced(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topic = new_topic(kafka_bootstrap, 2)
+    queue = _fill_queue(tmp_path / "state.db", "out", 3_000, partitions=1)
+    target = KafkaTarget(kafka_bootstrap, topic)
+    zombie = KafkaPublisher(queue, 0, target)
+    assert zombie.publish_once(max_rows=1_000) == 1_000
+    successor = KafkaPublisher(queue, 0, target)  # fences the zombie
+    assert successor.next_row == 1_000
+    with pytest.raises(KafkaException):
+        zombie.publish_once(max_rows=1_000)
+    assert successor.run() == 2_000
+    zombie.close()
+    successor.close()
+    assert _committed_values(kafka_bootstrap, topic) == _expected(3_000, partitions=1)
+
+
+PUBLISHER = """
+import sys
+import time
+import millstream as ms
+from millstream.outputs.kafka_sink import KafkaPublisher, KafkaTarget
+state, name, partition, bootstrap, topic = sys.argv[1:]
+queue = ms.inputs.StoreQueue(f"sqlite:///{state}", name, 2)
+trim = queue.trim
+def slow_trim(partition, row):  # a long gap between a Kafka commit and the queue's trim
+    time.sleep(0.2)
+    trim(partition, row)
+queue.trim = slow_trim
+publisher = KafkaPublisher(queue, int(partition), KafkaTarget(bootstrap, topic))
+publisher.run(rows_per_transaction=2_000)
+publisher.close()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kill_9_publishers_every_row_once(
+    kafka_bootstrap: str, tmp_path: Path, seed: int, publishers: dict[int, subprocess.Popen[bytes]]
+) -> None:
+    topic = new_topic(kafka_bootstrap, 3)
+    rows = 30_000
+    _fill_queue(tmp_path / "state.db", "out", rows)
+    rng = random.Random(seed)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT)])}
+
+    def start(partition: int) -> subprocess.Popen[bytes]:
+        args = [str(tmp_path / "state.db"), "out", str(partition), kafka_bootstrap, topic]
+        return subprocess.Popen([sys.executable, "-c", PUBLISHER, *args], env=env)
+
+    publishers.update({p: start(p) for p in range(2)})
+    kills = 0
+    deadline = time.monotonic() + 180
+    while publishers and time.monotonic() < deadline:
+        time.sleep(rng.uniform(1.0, 2.0))  # a publisher takes about a second to start
+        for p, process in list(publishers.items()):
+            if process.poll() is not None:
+                assert process.returncode == 0
+                del publishers[p]
+        if publishers and kills < 6:
+            p = rng.choice(sorted(publishers))
+            os.kill(publishers[p].pid, signal.SIGKILL)
+            publishers[p].wait()
+            kills += 1
+            publishers[p] = start(p)
+    assert not publishers, "the publishers did not finish"
+    assert kills > 0
+    assert _committed_values(kafka_bootstrap, topic) == _expected(rows)
+
+
+@pytest.mark.slow
+def test_kafka_to_kafka_under_kill_9(
+    kafka_bootstrap: str, tmp_path: Path, publishers: dict[int, subprocess.Popen[bytes]]
+) -> None:
+    from chaos import RandomKiller
+    from jobs import tuning
+    from kafka_jobs import PackedKeyedSumMapper, SumsToKafkaQueueReducer, fill_keyed
+    from millstream.runner.local import LocalRunner
+
+    source = new_topic(kafka_bootstrap, 2)
+    sink = new_topic(kafka_bootstrap, 2)
+    sums = fill_keyed(kafka_bootstrap, source, 40_000, 2, packed=True, seed=5)
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    queue = ms.inputs.StoreQueue(store, "out", 2)
+    processor = ms.Processor(
+        mapper=PackedKeyedSumMapper,
+        reducer=SumsToKafkaQueueReducer,
+        input=ms.inputs.KafkaTopic(kafka_bootstrap, source, bounded=True),
+        store=store,
+        num_reducers=2,
+        outputs=[queue],
+        config={"map_seconds": 0.04, "queue": "out"},
+        tuning=tuning(
+            batch_rows=2_000,
+            memory_limit_bytes=40_000,
+            commit_interval_seconds=0.1,
+            restart=ms.RestartStrategy(max_restarts=1_000),
+        ),
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT)])}
+
+    def start(partition: int) -> subprocess.Popen[bytes]:
+        args = [str(tmp_path / "state.db"), "out", str(partition), kafka_bootstrap, sink]
+        return subprocess.Popen([sys.executable, "-c", PUBLISHER, *args], env=env)
+
+    publishers.update({p: start(p) for p in range(2)})
+    rng = random.Random(3)
+    runner = LocalRunner(processor)
+    runner.start()
+    with RandomKiller(runner, 3) as killer:
+        kills = 0
+        while runner.pids() and kills < 10:
+            time.sleep(rng.uniform(0.2, 1.0))
+            p = rng.randrange(2)
+            if publishers[p].poll() is None:
+                os.kill(publishers[p].pid, signal.SIGKILL)
+                publishers[p].wait()
+                kills += 1
+            publishers[p] = start(p)
+        summary = runner.wait(timeout=300)
+    assert killer.kills
+    assert summary.rows_read == 40_000
+    for p in range(2):  # the last instances finish the sealed queue
+        assert publishers[p].wait(timeout=120) == 0
+    got: Counter[int] = Counter()
+    for value, count in _committed_values(kafka_bootstrap, sink).items():
+        key, total = np.frombuffer(value, dtype="<i8").tolist()
+        got[key] += total * count
+    assert {k: v for k, v in got.items() if v} == {k: v for k, v in sums.items() if v}

@@ -1,0 +1,87 @@
+"""The window reducers' own records round-trip through a store opened anew.
+
+Records under ``("~windows", r, what)`` (:mod:`millstream.windows.stored`): the
+watermarks (mapper: latest event time), the watermark windows were last closed at, the
+windows whose partials a rescale stored, the partials' schema (with the watermark field,
+whose type is the time column's) and the late-row count. The partials themselves:
+``test_partials_roundtrip.py``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import millstream as ms
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from millstream.state import open_store
+from millstream.state.keys import pack
+from millstream.windows import stored
+from millstream.windows.mapper import WATERMARK
+from millstream.windows.partials import START
+
+TIMES = st.integers(-(2**63), 2**63 - 1)
+TIME_TYPES = [
+    pa.int64(),
+    pa.timestamp("ms"),
+    pa.timestamp("ns", tz="Asia/Kolkata"),
+    pa.timestamp("s", tz="UTC"),
+]
+VALUE_TYPES = [pa.int8(), pa.uint64(), pa.float32(), pa.float64(), pa.bool_(), pa.timestamp("us")]
+
+
+@settings(max_examples=40)
+@given(
+    reducer=st.integers(0, 127),
+    marks=st.dictionaries(st.integers(0, 10_000), TIMES, max_size=6),
+    closed=TIMES,
+    windows=st.sets(TIMES, max_size=6),
+    late=st.integers(0, 2**62),
+    time_type=st.sampled_from(TIME_TYPES),
+    key_type=st.sampled_from([pa.int64(), pa.string(), pa.int32()]),
+    value_types=st.lists(st.sampled_from(VALUE_TYPES), min_size=1, max_size=4),
+)
+def test_a_window_reducers_records_read_back(
+    reducer: int,
+    marks: dict[int, int],
+    closed: int,
+    windows: set[int],
+    late: int,
+    time_type: pa.DataType,
+    key_type: pa.DataType,
+    value_types: list[pa.DataType],
+) -> None:
+    schema = pa.schema(
+        [
+            pa.field(START, pa.int64()),
+            pa.field("key", key_type),
+            *(pa.field(f"_p{i}", t) for i, t in enumerate(value_types)),
+            pa.field(WATERMARK, time_type),
+        ]
+    )
+    with tempfile.TemporaryDirectory() as directory:
+        url = f"sqlite:///{Path(directory) / 'state.db'}"
+        store = open_store(url, prefix=("p",))
+
+        def write(txn: ms.Transaction) -> None:
+            txn.set(stored.own_key(reducer, "watermarks"), stored.pack_marks(marks))
+            txn.set(stored.own_key(reducer, "closed"), pack((closed,)))
+            stored.write_windows(txn, reducer, windows)
+            txn.set(stored.own_key(reducer, "schema"), schema.serialize().to_pybytes())
+            txn.add(stored.own_key(reducer, "late"), late)
+
+        store.transact(lambda t: write(ms.Transaction(t)))
+        store.close()
+        store = open_store(url, prefix=("p",))
+        try:
+            with store.read() as raw:
+                txn = ms.Transaction(raw)
+                assert stored.read_marks(txn, stored.own_key(reducer, "watermarks")) == marks
+                assert stored.read_int(txn, stored.own_key(reducer, "closed")) == closed
+                assert stored.read_windows(txn, reducer) == windows
+                assert stored.read_schema(txn, reducer) == schema
+                assert txn.get_int(stored.own_key(reducer, "late")) == late
+        finally:
+            store.close()
