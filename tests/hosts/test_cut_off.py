@@ -18,7 +18,7 @@ from jobs import expected_sums, keyed_processor, read_output, tuning, write_keye
 
 pytestmark = pytest.mark.usefixtures("root")
 
-ROWS = 200_000
+ROWS = 400_000
 PROGRESS = 10_000
 """Rows of a mapper's stream the uncut parts commit while the cut lasts."""
 
@@ -33,7 +33,7 @@ def _processor(directory: Path) -> tuple[ms.Processor, Path, Path]:
         directory / "state.db",
         tune=tune,
         mapper=GatedKeyedSumMapper,
-        config={"gate": str(gate), "map_seconds": 0.05},
+        config={"gate": str(gate), "map_seconds": 0.1},
     )
     return processor, data, gate
 
