@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import ctypes.util
 import itertools
 import os
 import shutil
@@ -31,6 +33,7 @@ import signal
 import subprocess
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PREFIX = "mshost"
 """Namespaces this module creates are named ``PREFIX<pid>-<i>`` (the test process's pid)."""
@@ -274,6 +277,53 @@ class Cluster:
         )
         done = subprocess.run(self.hosts[source].exec_args(["python3", "-c", code]), check=False)
         return done.returncode == 0
+
+
+@contextlib.contextmanager
+def inside(host: Host) -> Iterator[None]:
+    """Run the calling thread inside ``host``'s network while the block lasts (sockets it
+    opens, threads it starts, stay there); back to its own network after."""
+    from millstream.runner.placement import WorkerHost
+
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        WorkerHost(host.address, host.netns).enter()
+        try:
+            yield
+        finally:
+            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+            if libc.setns(own, 0x40000000) != 0:
+                raise OSError(ctypes.get_errno(), "cannot return to this thread's network")
+    finally:
+        os.close(own)
+
+
+def start_foundationdb(host: Host, directory: Path, port: int = 4500) -> str:
+    """A one-process FoundationDB cluster on ``host`` (``../shared/fdb/start-cluster.sh``);
+    its cluster file. It runs inside the host: :meth:`Cluster.close` ends it."""
+    home = os.environ.get("MILLSTREAM_FDB_HOME") or str(FDB_HOME)
+    os.environ["MILLSTREAM_FDB_HOME"] = home
+    script = str(Path(home) / "start-cluster.sh")
+    done = subprocess.run(
+        host.exec_args([script, str(directory), str(port), host.address]),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"FoundationDB did not start on {host.address}: {done.stderr}")
+    return done.stdout.strip()
+
+
+FDB_HOME = Path(__file__).resolve().parents[3] / "shared" / "fdb"
+"""Where the FoundationDB binaries are unless ``$MILLSTREAM_FDB_HOME`` says otherwise."""
+
+
+def has_foundationdb() -> bool:
+    """Whether FoundationDB's binaries are there to start a cluster on a host."""
+    home = Path(os.environ.get("MILLSTREAM_FDB_HOME") or FDB_HOME)
+    return (home / "start-cluster.sh").is_file() and (home / "bin" / "fdbserver").is_file()
 
 
 @contextlib.contextmanager

@@ -31,7 +31,11 @@ from hosted import Layout
 from millstream.runner.local import LocalRunner
 
 CUTS = ("isolate", "halves", "mapper_from_reducers", "pause", "kill")
-"""Every cut the nemesis knows."""
+"""Every cut the nemesis plans on any store."""
+
+STORE_CUT = "worker_from_store"
+"""One worker host cut from the store's host: planned when the store has a host of its own
+(FoundationDB), ``Nemesis.store_host``."""
 
 
 @dataclass
@@ -67,7 +71,9 @@ def plan(
     rng.shuffle(order)
     cuts = []
     for kind in order:
-        if kind == "mapper_from_reducers":
+        if kind == STORE_CUT:
+            target = rng.choice(layout.mapper_hosts() + layout.reducer_hosts())
+        elif kind == "mapper_from_reducers":
             target = rng.choice(layout.mapper_hosts())
         elif kind in ("pause", "kill"):
             target = rng.randrange(1 << 16)  # a worker: taken modulo the live ones
@@ -100,6 +106,7 @@ class Nemesis:
     runners: list[LocalRunner]
     layout: Layout
     cuts: list[Cut]
+    store_host: int | None = None
     healed_at: float | None = None
     _drained: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -166,6 +173,11 @@ class Nemesis:
             cut.what = f"hosts {sorted(side)} | the rest"
             c.partition(side)
             expected = {frozenset((a, b)) for a in side for b in range(c.size) if b not in side}
+        elif cut.kind == STORE_CUT:
+            assert self.store_host is not None, "a store cut needs the store on a host"
+            cut.what = f"host {cut.target} from the store's host {self.store_host}"
+            c.cut(cut.target, [self.store_host])
+            expected = {frozenset((cut.target, self.store_host))}
         else:
             cut.what = f"mapper host {cut.target} from reducer hosts {layout.reducer_hosts()}"
             c.cut(cut.target, layout.reducer_hosts())

@@ -9,13 +9,14 @@ slowed while the nemesis runs (a gate file) and run at full speed once it healed
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import millstream as ms
-from cluster import Cluster
+from cluster import Cluster, inside, start_foundationdb
 from hosted import GatedKeyedSumMapper, GatedWindowMapper, Layout, with_tls
 from jobs import (
     EVENT_DISORDER_MS,
@@ -34,8 +35,9 @@ from jobs import (
 )
 from millstream.inputs import StoreQueue
 from millstream.outputs import ParquetSink
+from millstream.runner.forkserver import start_fork_server
 from millstream.runner.local import LocalRunner
-from nemesis import CUTS, Nemesis, plan
+from nemesis import CUTS, STORE_CUT, Nemesis, plan
 
 DRAIN_SECONDS = 60.0
 """The run must drain within this long after the nemesis's final heal: a GetRows call
@@ -74,10 +76,13 @@ def keyed_sum(directory: Path, seed: int, gate: Path, rows: int) -> Job:
         config={"gate": str(gate), "map_seconds": MAP_SECONDS},
     )
 
-    def check() -> None:
-        assert read_output(processor, "sum") == expected_sums(data), "sums differ"
+    job = Job([processor], lambda: None, rows)
 
-    return Job([processor], check, rows)
+    def check() -> None:  # the processor may have moved to another store
+        assert read_output(job.processors[0], "sum") == expected_sums(data), "sums differ"
+
+    job.check = check
+    return job
 
 
 def windows(directory: Path, seed: int, gate: Path, rows: int) -> Job:
@@ -169,14 +174,21 @@ def run_seed(
     rows: int = 200_000,
     kinds: tuple[str, ...] = CUTS,
     holds: tuple[float, float] = (1.0, 6.0),
+    store: str = "sqlite",
 ) -> SeedResult:
     """Run ``job`` under the nemesis of ``seed``.
+
+    ``store="fdb"`` (the keyed sum only): the store is FoundationDB on a host of its own and
+    the runner on another (the driver's), and the nemesis also cuts a worker from the store.
 
     Raises:
         AssertionError: A cut did not land, the run did not drain within
             :data:`DRAIN_SECONDS` of the final heal, or the output is not exact.
     """
     layout = Layout(num_mappers=2, num_reducers=2)
+    if store == "fdb":
+        assert job == "keyed_sum", "only the keyed sum runs on FoundationDB here"
+        kinds = (*kinds, STORE_CUT)
     cuts = plan(seed, layout, kinds, holds)
     # Enough rows that the slowed mappers are still at work when the last cut heals
     # (half as many again as they map while the plan lasts, if nothing held them up).
@@ -188,14 +200,24 @@ def run_seed(
     built = BUILDERS[job](directory, seed, gate, rows)
     first = built.processors[0]
     assert (first.num_mappers, first.num_reducers) == (layout.num_mappers, layout.num_reducers)
-    with Cluster(layout.size) as cluster:
+    extra = 2 if store == "fdb" else 0  # the driver's host, the store's host
+    with Cluster(layout.size + extra) as cluster, contextlib.ExitStack() as stack:
+        store_host = None
+        if store == "fdb":
+            driver, store_host = layout.size, layout.size + 1
+            url = "fdb://" + start_foundationdb(cluster.hosts[store_host], directory / "fdb")
+            built.processors = [
+                ms.Processor(**{**p.__dict__, "store": url}) for p in built.processors
+            ]
+            start_fork_server(built.processors[0])  # in this host's network: workers move
+            stack.enter_context(inside(cluster.hosts[driver]))
         hosts = layout.placement(cluster)
         runners = [LocalRunner(p, hosts=hosts, label=True) for p in built.processors]
         for runner in runners:
             runner.start()
         summaries: list[ms.RunSummary | None] = [None] * len(runners)
         try:
-            with Nemesis(cluster, runners, layout, cuts) as nemesis:
+            with Nemesis(cluster, runners, layout, cuts, store_host) as nemesis:
                 while any(s is None for s in summaries):
                     for i, runner in enumerate(runners):
                         if summaries[i] is None and runner.poll():
@@ -214,7 +236,7 @@ def run_seed(
             for runner in runners:
                 runner.stop()
             raise
-    built.check()  # exact first: a lost or doubled row matters more than a missed cut
+        built.check()  # exact first (inside: the store may be on a host of its own)
     nemesis.check()
     assert summaries[0] is not None
     assert summaries[0].rows_read == rows
