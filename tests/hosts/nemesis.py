@@ -8,9 +8,11 @@ Cuts (each held for a while, then healed):
 - ``pause``: one worker process stopped (SIGSTOP), then continued;
 - ``kill``: one worker process killed (SIGKILL); the runner restarts it.
 
-Not expressible here, and so not planned: a worker cut from the Spark driver (the local
-runner's workers talk to it over pipes, not the network) and a worker cut from the store
-(SQLite is a file every host shares). A cut *lands* when it is in place (links down as the
+- ``worker_from_store``: one worker host from the store's host, when the store has a host
+  of its own (FoundationDB; SQLite is a file every host shares).
+
+Not expressible, and so not planned: a worker cut from the Spark driver (the local runner's
+workers talk to it over pipes, not the network). A cut *lands* when it is in place (links down as the
 hosts' own devices report it, the process stopped as ``/proc`` reports it, the process gone)
 while the job still runs; :meth:`Nemesis.check` fails on a planned cut that did not.
 """
