@@ -12,9 +12,9 @@ Cuts (each held for a while, then healed):
   of its own (FoundationDB; SQLite is a file every host shares).
 
 Not expressible, and so not planned: a worker cut from the Spark driver (the local runner's
-workers talk to it over pipes, not the network). A cut *lands* when it is in place (links down as the
-hosts' own devices report it, the process stopped as ``/proc`` reports it, the process gone)
-while the job still runs; :meth:`Nemesis.check` fails on a planned cut that did not.
+workers talk to it over pipes, not the network). A cut *lands* when it is in place (links
+down as the hosts' own devices report it, the process stopped as ``/proc`` reports it, the
+process gone) while the job still runs; :meth:`Nemesis.check` fails on a planned cut that did not.
 """
 
 from __future__ import annotations
