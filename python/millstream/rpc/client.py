@@ -31,7 +31,54 @@ HOLD_SECONDS = 60.0
 _HOLD_RETRY_SECONDS = 1.0
 """Wait before a channel whose Hold call failed (its mapper down) gets another."""
 
-__all__ = ["GetRowsCall", "GetRowsResult", "GrpcRowsClient", "NotAnsweredYet", "RowsClient"]
+KEEPALIVE_SECONDS = 2.0
+"""How often a channel pings its mapper (HTTP/2 PING, even with no call under way; a
+mapper's server accepts them at this rate: ``tests/hosts/test_half_open.py``)."""
+
+KEEPALIVE_TIMEOUT_SECONDS = 3.0
+"""A ping unanswered this long closes the connection (gRPC also sets it as the socket's
+``TCP_USER_TIMEOUT``): a connection a cut left half-open is given up within
+``KEEPALIVE_SECONDS + KEEPALIVE_TIMEOUT_SECONDS`` (5 s), not after TCP's retransmissions
+(about 15 minutes), and calls go to a new one."""
+
+RECONNECT_SECONDS = 1.0
+"""The least a connection attempt is given, and the longest wait between attempts is
+twice this: once a cut heals, a channel connects again within a few seconds (gRPC's
+defaults, 20 s and 120 s, can leave a healed mapper unused for minutes)."""
+
+
+def channel_options(
+    max_message_bytes: int, server_name: str | None = None
+) -> list[tuple[str, int | str]]:
+    """The options of every GetRows channel: message limits, keepalive, reconnection."""
+    ms = 1000
+    options: list[tuple[str, int | str]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", round(KEEPALIVE_SECONDS * ms)),
+        ("grpc.keepalive_timeout_ms", round(KEEPALIVE_TIMEOUT_SECONDS * ms)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.min_reconnect_backoff_ms", round(RECONNECT_SECONDS * ms)),
+        ("grpc.initial_reconnect_backoff_ms", round(RECONNECT_SECONDS * ms)),
+        ("grpc.max_reconnect_backoff_ms", round(2 * RECONNECT_SECONDS * ms)),
+    ]
+    if server_name is not None:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return options
+
+
+__all__ = [
+    "KEEPALIVE_SECONDS",
+    "KEEPALIVE_TIMEOUT_SECONDS",
+    "RECONNECT_SECONDS",
+    "GetRowsCall",
+    "GetRowsResult",
+    "GrpcRowsClient",
+    "NotAnsweredYet",
+    "RowsClient",
+    "channel_options",
+]
 
 
 class GrpcRowsClient:
@@ -66,12 +113,7 @@ class GrpcRowsClient:
         self._timeout = timeout_seconds
         self._wait = timeout_seconds if wait_seconds is None else wait_seconds
         self._first_answer = first_answer_seconds
-        self._options: list[tuple[str, int | str]] = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
-        if server_name is not None:
-            self._options.append(("grpc.ssl_target_name_override", server_name))
+        self._options = channel_options(max_message_bytes, server_name)
         self._credentials = credentials
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, millstream_pb2_grpc.MapperStub]] = {}

@@ -18,6 +18,14 @@ from millstream.rpc.serving import route, serve_get_rows
 _MAX_HOLD_SECONDS = 120.0
 """The longest a Hold call is held, whatever the request says."""
 
+_PINGS = [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+"""Reducers' channels ping every 2 s (``rpc.client.KEEPALIVE_SECONDS``) to find connections
+a cut left half-open: accept it (gRPC's default answers a third ping within 5 minutes
+without data with GOAWAY, dropping the connection and every call on it)."""
+
 
 class _Servicer(millstream_pb2_grpc.MapperServicer):
     def __init__(
@@ -137,6 +145,7 @@ class RowsServer:
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes),
                 ("grpc.so_reuseport", 0),
+                *_PINGS,
             ],
         )
         self._servicer = _Servicer(

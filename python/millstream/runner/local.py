@@ -41,6 +41,7 @@ from millstream.runner.forkserver import (
     worker_context,
 )
 from millstream.runner.metrics import MetricsServer
+from millstream.runner.placement import WorkerHost
 from millstream.workers import run_worker
 from millstream.workers.metrics import MULTIPROC_ENV
 
@@ -68,6 +69,7 @@ def _child_main(
     index: int,
     errors: Connection,
     parent: int | None,
+    placement: WorkerHost | None = None,
 ) -> None:
     # Forked from the fork server: take this run's import path and environment before
     # unpickling the user's classes (the server's may be older).
@@ -93,13 +95,17 @@ def _child_main(
         errors.close()
         sys.exit(EXIT_CONFIG_ERROR)
     try:
+        address = LOOPBACK
+        if placement is not None:
+            placement.enter()  # before any thread or socket: they belong to the host's network
+            address = placement.address
         profile_dir = os.environ.get("MILLSTREAM_PROFILE_DIR")
         if profile_dir:
             _profiled(profile_dir, f"{role}-{index}-{os.getpid()}.prof")(
                 processor, role, index, stop
             )
         else:
-            run_worker(processor, role, index, stop)
+            run_worker(processor, role, index, stop, host=address)
     except FATAL_ERRORS as exc:
         # Each child has its own pipe: a worker killed while writing cannot wedge the
         # others (a shared queue's lock would stay held by the dead writer).
@@ -273,6 +279,10 @@ class LocalRunner:
             port (0: a free one, see ``metrics.port``) while the run lasts; None: none.
         metrics_host: The address the metrics endpoint listens on: loopback by default,
             ``"0.0.0.0"`` for every interface.
+        hosts: The host each worker runs on, by ``(role, index)`` or, for one instance
+            of a duplicate, ``(role, index, instance)``: a network namespace and its
+            address (:class:`~millstream.runner.placement.WorkerHost`); workers not named
+            run on this machine's loopback.
     """
 
     processor: Processor
@@ -281,6 +291,7 @@ class LocalRunner:
     out: TextIO = sys.stderr
     metrics_port: int | None = None
     metrics_host: str = LOOPBACK
+    hosts: Mapping[tuple[str, int] | WorkerId, WorkerHost] = field(default_factory=dict)
     label: bool = False
     """Name the processor in progress lines (when several run side by side)."""
     rescaling: bool = False
@@ -305,7 +316,10 @@ class LocalRunner:
                 parent = running_fork_server()
                 process = self._ctx.Process(
                     target=_child_main,
-                    args=(sys.path[:], self._environ(), self._payload, role, index, writer, parent),
+                    args=(
+                        *(sys.path[:], self._environ(), self._payload, role, index, writer),
+                        *(parent, self.hosts.get(wid) or self.hosts.get((role, index))),
+                    ),
                     name=f"millstream-{role}-{index}" + (f"-{instance}" if instance else ""),
                     daemon=True,
                 )
