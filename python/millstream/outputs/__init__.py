@@ -13,7 +13,7 @@ them through :meth:`~millstream.Transaction.append` and
 """
 
 from millstream.inputs.store_queue import StoreQueue
-from millstream.outputs.kafka_sink import KafkaPublisher, KafkaTarget
+from millstream.outputs.kafka_sink import KafkaPublisher, KafkaTarget, PublisherError
 from millstream.outputs.parquet_sink import STAGING, ParquetSink, StagedFile
 from millstream.outputs.staged import (
     Output,
@@ -29,6 +29,7 @@ __all__ = [
     "KafkaTarget",
     "Output",
     "ParquetSink",
+    "PublisherError",
     "StagedFile",
     "StagedOutputs",
     "StoreQueue",
