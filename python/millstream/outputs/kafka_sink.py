@@ -399,4 +399,35 @@ class KafkaPublisher:
         self._consumer.close()
 
 
-__all__ = ["KafkaPublisher", "KafkaTarget", "PublisherError", "PublisherStalledError"]
+class KafkaSink(StoreQueue):
+    """A store queue whose rows a runner publishes to a Kafka topic, exactly once.
+
+    Declared in a processor's ``outputs``, it is a :class:`StoreQueue` to the reducers
+    (``txn.append(name, rows)``, rows as :class:`KafkaTarget` describes), and the local
+    runner runs a :class:`KafkaPublisher` per partition beside the workers: it restarts one
+    that dies, and the run ends once the processor drained and every row is published.
+
+    Args:
+        store: Store URL of the processor.
+        name: Queue name, unique within the store.
+        num_partitions: Queue partitions (one publisher each); usually the reducers' count.
+        target: The topic and how to reach it.
+    """
+
+    def __init__(self, store: str, name: str, num_partitions: int, target: KafkaTarget) -> None:
+        if not isinstance(target, KafkaTarget):
+            raise ConfigurationError(
+                f"KafkaSink {name!r}: target must be a millstream.outputs.KafkaTarget, "
+                f"got {target!r}"
+            )
+        super().__init__(store, name, num_partitions)
+        self.target = target
+
+
+__all__ = [
+    "KafkaPublisher",
+    "KafkaSink",
+    "KafkaTarget",
+    "PublisherError",
+    "PublisherStalledError",
+]
