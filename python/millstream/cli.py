@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from millstream.exceptions import MillstreamError
+from millstream.exceptions import ConfigurationError, MillstreamError
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -148,18 +148,47 @@ def _metrics(args: argparse.Namespace) -> int:
     return 0
 
 
-def collect_status(store_url: str, prefix: str, heartbeat: float = 1.0) -> dict[str, Any] | None:
+def collect_status(
+    store_url: str,
+    prefix: str,
+    heartbeat: float = 1.0,
+    kafka: tuple[str, str] | None = None,
+) -> dict[str, Any] | None:
     """A processor's status as plain data (what ``status --json`` prints); None if the
-    store holds no processor under ``prefix``. See :func:`millstream.ledger.read_status`."""
+    store holds no processor under ``prefix``. See :func:`millstream.ledger.read_status`.
+
+    With ``kafka=(bootstrap_servers, topic)``, the processor's input: each mapper's
+    ``lag_rows`` is the offsets between its persisted position and its partition's last
+    stable offset (see :mod:`millstream.inputs.kafka_lag`), with ``kafka_next_offset`` and
+    ``kafka_end_offset``.
+    """
     from millstream.ledger import read_status
+    from millstream.ledger.mapper import read_mapper_state
     from millstream.state import open_store
 
     store = open_store(store_url, prefix=(prefix,))
     try:
         with store.read() as txn:
-            return read_status(txn, prefix, heartbeat)
+            status = read_status(txn, prefix, heartbeat)
+            if status is None or kafka is None:
+                return status
+            tokens = {
+                m: read_mapper_state(txn, m).continuation_token
+                for m in range(status["num_partitions"])
+            }
     finally:
         store.close()
+    from millstream.inputs.kafka_lag import kafka_lag
+
+    lags = kafka_lag(*kafka, tokens)
+    for mapper in status["mappers"]:
+        lag = lags[mapper["index"]]
+        mapper["lag_rows"] = lag.lag
+        mapper["kafka_next_offset"] = lag.next_offset
+        mapper["kafka_end_offset"] = lag.end_offset
+        rate = mapper["rows_per_second"]
+        mapper["lag_seconds"] = 0.0 if lag.lag == 0 else (lag.lag / rate if rate else None)
+    return status
 
 
 def _optional(value: float | None, spec: str) -> str:
@@ -209,7 +238,10 @@ def render_status(status: dict[str, Any]) -> str:
 
 def _status(args: argparse.Namespace) -> int:
     while True:
-        status = collect_status(args.store, args.prefix, args.heartbeat)
+        if (args.kafka_bootstrap is None) != (args.kafka_topic is None):
+            raise ConfigurationError("give both --kafka-bootstrap and --kafka-topic, or neither")
+        kafka = None if args.kafka_topic is None else (args.kafka_bootstrap, args.kafka_topic)
+        status = collect_status(args.store, args.prefix, args.heartbeat, kafka)
         if status is None:
             print(f"no processor under prefix {args.prefix!r} in {args.store}")
             return 1
@@ -283,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the processor's heartbeat period; workers silent for 10 periods show as down",
     )
     status.add_argument("--json", action="store_true", help="one JSON object per refresh")
+    status.add_argument(
+        "--kafka-bootstrap", metavar="ADDR", help="the brokers of the processor's Kafka input"
+    )
+    status.add_argument(
+        "--kafka-topic",
+        metavar="TOPIC",
+        help="the processor's input topic: lag is the offsets up to each partition's end",
+    )
     status.add_argument(
         "--watch",
         type=float,

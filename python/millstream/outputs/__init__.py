@@ -3,8 +3,8 @@
 - :class:`~millstream.inputs.StoreQueue`: rows appended in the reducer's transaction, so a
   processor reading the queue consumes them exactly once (a pipeline of processors);
 - :class:`ParquetSink`: Parquet files published by the reducer's transaction;
-- :class:`KafkaPublisher`: a store queue's rows published to a Kafka topic, exactly once
-  for ``read_committed`` consumers.
+- :class:`KafkaSink`: a store queue the local runner publishes to a Kafka topic (a
+  :class:`KafkaPublisher` per partition), exactly once for ``read_committed`` consumers.
 
 A processor declares its outputs (``Processor(outputs=[...])``) and its reducers write to
 them through :meth:`~millstream.Transaction.append` and
@@ -13,7 +13,7 @@ them through :meth:`~millstream.Transaction.append` and
 """
 
 from millstream.inputs.store_queue import StoreQueue
-from millstream.outputs.kafka_sink import KafkaPublisher, KafkaTarget
+from millstream.outputs.kafka_sink import KafkaPublisher, KafkaSink, KafkaTarget, PublisherError
 from millstream.outputs.parquet_sink import STAGING, ParquetSink, StagedFile
 from millstream.outputs.staged import (
     Output,
@@ -26,9 +26,11 @@ from millstream.outputs.staged import (
 __all__ = [
     "STAGING",
     "KafkaPublisher",
+    "KafkaSink",
     "KafkaTarget",
     "Output",
     "ParquetSink",
+    "PublisherError",
     "StagedFile",
     "StagedOutputs",
     "StoreQueue",

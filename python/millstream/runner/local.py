@@ -42,6 +42,7 @@ from millstream.runner.forkserver import (
 )
 from millstream.runner.metrics import MetricsServer
 from millstream.runner.placement import WorkerHost
+from millstream.runner.publishers import PublisherProcesses
 from millstream.workers import run_worker
 from millstream.workers.metrics import MULTIPROC_ENV
 
@@ -300,6 +301,8 @@ class LocalRunner:
     restarts_by_worker: dict[tuple[str, int], int] = field(default_factory=dict)
     metrics: MetricsServer | None = None
     """The metrics endpoint once started (with ``metrics_port``)."""
+    publishers: PublisherProcesses | None = None
+    """The publishers of the processor's Kafka sinks, once started."""
     _slots: dict[WorkerId, _Slot] = field(default_factory=dict)
     _ctx: WorkerContext = field(default_factory=lambda: worker_context())
     _stopped: threading.Event = field(default_factory=threading.Event)
@@ -386,6 +389,8 @@ class LocalRunner:
             for instance in range(self.instances.get((role, index), 1)):
                 wid = (role, index, instance)
                 self._slots[wid] = self._spawn(wid)
+        self.publishers = PublisherProcesses.of_outputs(self.processor.outputs, t.restart)
+        self.publishers.start()
 
     def pids(self) -> dict[WorkerId, int]:
         """The live workers' process ids."""
@@ -422,7 +427,8 @@ class LocalRunner:
             slot.died_at = -float("inf")
 
     def poll(self) -> bool:
-        """Restart dead workers; returns True once every worker has finished its work.
+        """Restart dead workers (and publishers of Kafka sinks); returns True once every
+        worker has finished its work and every Kafka sink is published.
 
         Raises:
             UserCodeError, ConfigurationError, InputError, StoreCorruptError,
@@ -475,7 +481,8 @@ class LocalRunner:
                 self.restarts += 1
                 key = (wid[0], wid[1])
                 self.restarts_by_worker[key] = self.restarts_by_worker.get(key, 0) + 1
-        return all_done
+        published = self.publishers is None or self.publishers.poll()
+        return all_done and published
 
     def _record_death(self, wid: WorkerId, slot: _Slot, code: int, now: float) -> None:
         """Count a death against the restart strategy; stop the run on a crash loop."""
@@ -589,6 +596,8 @@ class LocalRunner:
     def stop(self, grace: float = 5.0) -> None:
         """Stop every worker: SIGTERM, then SIGKILL after ``grace`` seconds."""
         self._stopped.set()
+        if self.publishers is not None:
+            self.publishers.stop()
         live = [
             s.process
             for s in self._slots.values()
