@@ -90,17 +90,18 @@ def run_worker(
 def _check_processor(processor: Processor, store: Store, stop: threading.Event, who: str) -> bool:
     """Record the processor in the store, or check it against the one recorded: retried
     with the workers' back-off while the store fails (a store down at a worker's start is
-    waited out, as in its loop); False when ``stop`` was set first."""
+    waited out, as in its loop); False when ``stop`` is set while the store fails."""
     t = processor.tuning
     backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
-    while not stop.is_set():
+    while True:
         try:
             store.transact(lambda txn: check_processor_info(txn, processor.info), idempotent=True)
             return True
         except (RetryableStoreError, StoreUnavailableError) as exc:
+            if stop.is_set():
+                return False
             log.warning("%s: store, starting: %s (retrying)", who, exc)
             stop.wait(backoff.next())
-    return False
 
 
 def _serve_mapper(
