@@ -6,7 +6,7 @@ straggler); these replays reach one race each on purpose.
 
 from __future__ import annotations
 
-from tests.simulation.harness import SimConfig, replay
+from tests.support.simulation import SimConfig, replay
 
 
 def test_rows_spilled_after_their_commit_are_cleared() -> None:
