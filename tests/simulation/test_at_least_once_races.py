@@ -1,6 +1,6 @@
 """At-least-once delivery: targeted replays of the races its two guards exist for.
 
-The property-based machine (``TestAtLeastOnce`` in ``test_protocol_simulation.py``) runs
+The property-based machine (``TestAtLeastOnce`` in ``test_protocol_machines.py``) runs
 every step and fault with ``delivery="at_least_once"`` and checks that nothing is lost;
 these replays reach one race each on purpose and show that the guard decides it.
 """

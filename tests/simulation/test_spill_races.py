@@ -1,6 +1,6 @@
 """Straggler spill: replays of races the property-based machine found, kept as regressions.
 
-Every step of ``test_protocol_simulation.py`` may spill (with every reducer counted as a
+Every step of ``test_protocol_machines.py`` may spill (with every reducer counted as a
 straggler); these replays reach one race each on purpose.
 """
 
