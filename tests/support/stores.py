@@ -1,4 +1,5 @@
-"""Parameters for the ``state_url`` fixture (``conftest.py``): which store a test runs on.
+"""Parameters for the ``state_url`` fixture (``tests/integration/conftest.py``): which store
+a test runs on.
 
 ``@pytest.mark.parametrize("state_url", ON_BOTH, indirect=True)`` runs a test on SQLite and
 on the session's FoundationDB cluster; :data:`ON_FDB` alone adds one FoundationDB case.
