@@ -23,8 +23,8 @@ import uuid
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
-from kafka_broker import new_topic, noida_broker
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # the repository root
+from tests.support.kafka_broker import new_topic, noida_broker
 
 TWO_PRODUCERS = "--two-producers" in sys.argv
 ROUNDS = 3

@@ -18,8 +18,8 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
-from kafka_broker import new_topic, noida_broker
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # the repository root
+from tests.support.kafka_broker import new_topic, noida_broker
 
 RESTART = "--no-restart" not in sys.argv
 CHILD = """

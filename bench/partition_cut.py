@@ -22,15 +22,23 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests" / "integration", ROOT / "tests" / "hosts"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import millstream  # noqa: F401  (before grpc: it turns gRPC's fork handlers off)
 
-import millstream  # noqa: E402,F401  (before grpc: it turns gRPC's fork handlers off)
-from cluster import Cluster  # noqa: E402
-from hosted import GatedKeyedSumMapper, Layout, committed, hosted_runner, with_tls  # noqa: E402
-from jobs import expected_sums, keyed_processor, read_output, tuning, write_keyed_input  # noqa: E402
+from tests.support.hosts.cluster import Cluster
+from tests.support.hosts.hosted import (
+    GatedKeyedSumMapper,
+    Layout,
+    committed,
+    hosted_runner,
+    with_tls,
+)
+from tests.support.jobs import (
+    expected_sums,
+    keyed_processor,
+    read_output,
+    tuning,
+    write_keyed_input,
+)
 
 STEADY_SHARE = 0.8
 """Steady again: the cut part's rate over a one-second window back to this share of before."""

@@ -1,7 +1,9 @@
-"""Session-wide setup: the repository root is importable (examples, test job modules).
+"""Session-wide setup: the FoundationDB cluster, hypothesis's profile, small examples.
 
-Worker processes are spawned and unpickle the user's classes by module path; spawn hands
-the parent's ``sys.path`` to every child, so what is importable here is importable there.
+The repository root is importable (``pythonpath`` in ``pyproject.toml``): the examples and
+the tests' helpers, ``tests.support``. Worker processes are spawned and unpickle the user's
+classes by module path; spawn hands the parent's ``sys.path`` to every child, so what is
+importable here is importable there.
 The examples generate their input when imported: point them at a small input under a
 temporary directory so importing them in tests never writes the full-size data.
 """
@@ -9,19 +11,17 @@ temporary directory so importing them in tests never writes the full-size data.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import millstream  # noqa: F401  (before any grpc import: it turns gRPC's fork handlers off)
 import pytest
-from fdb_cluster import REQUIRE_VARIABLE, FdbBinaries, find_binaries, start_cluster
 from hypothesis import settings
 
+from tests.support.fdb_cluster import REQUIRE_VARIABLE, FdbBinaries, find_binaries, start_cluster
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # No per-example time limit: the tests assert behaviour, not speed, and a loaded 2-core
 # machine (a first call that imports, a Rust build beside the suite) can take longer than

@@ -11,7 +11,7 @@ from millstream.exceptions import StoreUnavailableError
 from millstream.state import StoreTransaction, open_store
 from millstream.state.keys import encode_int64
 
-from tests.faults.harness import PLAN, open_faulty
+from tests.support.sqlite_faults import PLAN, open_faulty
 
 
 @pytest.mark.parametrize("kind", ["io", "full"])

@@ -1,6 +1,6 @@
 """The SQLite backend's process dies at a step of its multi-step work (a kill), or finds
 the disk full for real (``RLIMIT_FSIZE``); the store, reopened or used on, must agree with
-the model of what committed (see :mod:`.harness`)."""
+the model of what committed (see :mod:`tests.support.sqlite_faults`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.faults.harness import PLAN, Op, random_program, reopened_check, run_program
+from tests.support.sqlite_faults import PLAN, Op, random_program, reopened_check, run_program
 
 PROGRAM_OPS = 12
 

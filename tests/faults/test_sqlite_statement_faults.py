@@ -1,7 +1,8 @@
 """Statements of the SQLite backend's multi-step work fail (an I/O error, a full disk, a
 lock timeout) while the process goes on, as a reducer that catches
 ``StoreUnavailableError`` does; the store must keep agreeing with the model of what
-committed, and the queue's producer must land every row once (see :mod:`.harness`)."""
+committed, and the queue's producer must land every row once (see
+:mod:`tests.support.sqlite_faults`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.faults.harness import FAULTS, PLAN, random_program, run_program
+from tests.support.sqlite_faults import FAULTS, PLAN, random_program, run_program
 
 PERIOD = 15
 """The sweep fails every ``PERIOD``-th step, from each of the first ``PERIOD`` steps."""

@@ -1,17 +1,11 @@
-"""The hosts tests run the integration tests' jobs (``jobs``, ``tls_files``) on hosts of
-their own; worker processes get this ``sys.path`` and import them by the same names."""
+"""The hosts tests run the integration tests' jobs (``tests.support.jobs``) on hosts of
+their own (``tests.support.hosts``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from cluster import require_root
 
-INTEGRATION = str(Path(__file__).resolve().parent.parent / "integration")
-if INTEGRATION not in sys.path:
-    sys.path.insert(0, INTEGRATION)
+from tests.support.hosts.cluster import require_root
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ import subprocess
 import time
 
 import pytest
-from cluster import PREFIX, Cluster, remove_stale
+
+from tests.support.hosts.cluster import PREFIX, Cluster, remove_stale
 
 pytestmark = pytest.mark.usefixtures("root")
 

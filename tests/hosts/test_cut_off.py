@@ -12,9 +12,24 @@ from pathlib import Path
 
 import millstream as ms
 import pytest
-from cluster import Cluster
-from hosted import GatedKeyedSumMapper, Layout, committed, drain, hosted_runner, run_until, with_tls
-from jobs import expected_sums, keyed_processor, read_output, tuning, write_keyed_input
+
+from tests.support.hosts.cluster import Cluster
+from tests.support.hosts.hosted import (
+    GatedKeyedSumMapper,
+    Layout,
+    committed,
+    drain,
+    hosted_runner,
+    run_until,
+    with_tls,
+)
+from tests.support.jobs import (
+    expected_sums,
+    keyed_processor,
+    read_output,
+    tuning,
+    write_keyed_input,
+)
 
 pytestmark = pytest.mark.usefixtures("root")
 

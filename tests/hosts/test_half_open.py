@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import Cluster
 from millstream.rpc.client import KEEPALIVE_SECONDS, KEEPALIVE_TIMEOUT_SECONDS
+
+from tests.support.hosts.cluster import Cluster
 
 pytestmark = pytest.mark.usefixtures("root")
 
-PROBE = str(Path(__file__).with_name("probe.py"))
+PROBE = str(Path(__file__).resolve().parents[1] / "support" / "hosts" / "probe.py")
 
 
 def _ask(process: subprocess.Popen[str], command: str) -> str:

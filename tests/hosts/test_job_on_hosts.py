@@ -6,9 +6,16 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import Cluster
-from hosted import Layout, advertised, hosted_runner, with_tls
-from jobs import expected_sums, keyed_processor, read_output, tuning, write_keyed_input
+
+from tests.support.hosts.cluster import Cluster
+from tests.support.hosts.hosted import Layout, advertised, hosted_runner, with_tls
+from tests.support.jobs import (
+    expected_sums,
+    keyed_processor,
+    read_output,
+    tuning,
+    write_keyed_input,
+)
 
 pytestmark = pytest.mark.usefixtures("root")
 

@@ -1,6 +1,6 @@
 """The nemesis over seeds on the keyed sum: every cut lands in every seed, every seed's sums
 are exact and the run drains within ``DRAIN_SECONDS`` of the final heal. The longer soak
-(more seeds, windows and a queue pipeline too): ``python -m tests.hosts.soak``."""
+(more seeds, windows and a queue pipeline too): ``python -m tests.support.hosts.soak``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster import has_foundationdb
-from nemesis import CUTS
-from scenario import run_seed
+
+from tests.support.hosts.cluster import has_foundationdb
+from tests.support.hosts.nemesis import CUTS
+from tests.support.hosts.scenario import run_seed
 
 pytestmark = pytest.mark.usefixtures("root")
 
@@ -26,8 +27,8 @@ HERE = Path(__file__).resolve().parent
 _FDB_SEED = """
 import millstream
 from pathlib import Path
-from nemesis import CUTS
-from scenario import run_seed
+from tests.support.hosts.nemesis import CUTS
+from tests.support.hosts.scenario import run_seed
 
 result = run_seed("keyed_sum", 6, Path({directory!r}), store="fdb")
 print(result)
@@ -51,7 +52,7 @@ def test_keyed_sum_on_foundationdb_on_its_own_host_is_exact_under_the_nemesis(
 ) -> None:
     if not has_foundationdb():
         pytest.skip("no FoundationDB binaries ($MILLSTREAM_FDB_HOME or ../shared/fdb)")
-    paths = [str(HERE.parent.parent), str(HERE.parent / "integration"), str(HERE)]
+    paths = [str(HERE.parent.parent)]
     inherited = os.environ.get("PYTHONPATH")
     env = {
         **os.environ,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jobs import keyed_processor, write_keyed_input
 from millstream.exceptions import ConfigurationError
 from millstream.runner.local import LocalRunner
 from millstream.runner.placement import WorkerHost
+
+from tests.support.jobs import keyed_processor, write_keyed_input
 
 
 def test_a_missing_network_namespace_is_a_configuration_error(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ FoundationDB too when parametrised with ``stores.ON_FDB`` (``indirect=["state_ur
 session's cluster (``fdb_url`` in ``tests/conftest.py``), emptied before the test, so that
 processors named alike in different tests never meet.
 
-The Kafka tests take ``kafka_bootstrap``: a broker for the session (see ``kafka_broker``).
+The Kafka tests take ``kafka_bootstrap``: a broker for the session (see
+``tests.support.kafka_broker``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kafka_broker import kafka_bootstrap_address
 from millstream.state import open_store
+
+from tests.support.kafka_broker import kafka_bootstrap_address
 
 
 @pytest.fixture

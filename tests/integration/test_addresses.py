@@ -25,7 +25,7 @@ from millstream.runner.local import LocalRunner
 from millstream.workers import run_worker
 
 from examples.keyed_sum import PreAggregate, SumIntoStore
-from tests.sockets import listening_hosts
+from tests.support.sockets import listening_hosts
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import millstream as ms
 import pytest
-from chaos import RandomKiller
-from jobs import (
+from millstream.exceptions import ConfigurationError
+from millstream.runner.local import LocalRunner
+
+from tests.support.chaos import RandomKiller
+from tests.support.jobs import (
     SeenValuesReducer,
     ValuesByKeyMapper,
     input_table,
@@ -22,9 +25,7 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
-from millstream.exceptions import ConfigurationError
-from millstream.runner.local import LocalRunner
-from stores import ON_BOTH, ON_FDB
+from tests.support.stores import ON_BOTH, ON_FDB
 
 
 def _processor(

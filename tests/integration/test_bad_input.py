@@ -9,7 +9,15 @@ import millstream as ms
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from jobs import (
+from millstream.exceptions import (
+    ConfigurationError,
+    InputError,
+    StoreUnavailableError,
+    UserCodeError,
+)
+from millstream.runner.local import LocalRunner
+
+from tests.support.jobs import (
     KeyedSumMapper,
     KeyedSumReducer,
     PassThroughMapper,
@@ -19,13 +27,6 @@ from jobs import (
     read_output,
     write_keyed_input,
 )
-from millstream.exceptions import (
-    ConfigurationError,
-    InputError,
-    StoreUnavailableError,
-    UserCodeError,
-)
-from millstream.runner.local import LocalRunner
 
 ROWS = 40_000
 

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jobs import expected_sums, keyed_processor, read_output, write_keyed_input
 from millstream.ledger import read_reducer_state
+
+from tests.support.jobs import expected_sums, keyed_processor, read_output, write_keyed_input
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -31,11 +32,11 @@ def test_run_then_status(tmp_path: Path) -> None:
     state = tmp_path / "state.db"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+        "PYTHONPATH": str(ROOT),
         "MILLSTREAM_TEST_DATA": str(data),
         "MILLSTREAM_TEST_STATE": str(state),
     }
-    run = _millstream("run", "cli_job:processor", "--timeout", "150", env=env)
+    run = _millstream("run", "tests.support.cli_job:processor", "--timeout", "150", env=env)
     assert run.returncode == 0, run.stderr
     assert "drained: 30,000 rows read" in run.stdout
     assert "running keyed: 2 mappers over 2 partitions, 2 reducers" in run.stderr
@@ -64,7 +65,7 @@ def test_run_then_status(tmp_path: Path) -> None:
 
 
 def test_run_reports_bad_reference(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
-    result = _millstream("run", "jobs:KEYS", env=env)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = _millstream("run", "tests.support.jobs:KEYS", env=env)
     assert result.returncode == 2
-    assert "jobs:KEYS is not a millstream.Processor" in result.stderr
+    assert "tests.support.jobs:KEYS is not a millstream.Processor" in result.stderr

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import millstream as ms
 import pytest
-from chaos import RandomKiller
-from jobs import (
+from millstream.runner.local import LocalRunner
+
+from examples import word_count
+from tests.support.chaos import RandomKiller
+from tests.support.jobs import (
     SlowKeyedSumMapper,
     expected_sums,
     expected_word_counts,
@@ -16,10 +19,7 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
-from millstream.runner.local import LocalRunner
-from stores import ON_BOTH, ON_FDB
-
-from examples import word_count
+from tests.support.stores import ON_BOTH, ON_FDB
 
 
 def test_word_count_is_exact(tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ def test_kill_9_random_processes_many_times(
 def test_split_brain_two_live_instances(
     tmp_path: Path, duplicate: tuple[str, int], state_url: str
 ) -> None:
-    from jobs import PassThroughMapper, RowsReducer
+    from tests.support.jobs import PassThroughMapper, RowsReducer
 
     data = write_keyed_input(tmp_path / "in", 60_000, partitions=2)
     processor = keyed_processor(
@@ -104,7 +104,7 @@ def test_split_brain_two_live_instances(
         tune=tuning(batch_rows=2_000, memory_limit_bytes=400_000),
     )
     LocalRunner(processor, instances={duplicate: 2}).run(timeout=180)
-    table = __import__("jobs").input_table(data)
+    table = __import__("tests.support.jobs", fromlist=["input_table"]).input_table(data)
     counts = table.group_by("key").aggregate([([], "count_all")])
     expected = dict(zip(counts["key"].to_pylist(), counts["count_all"].to_pylist(), strict=True))
     assert read_output(processor, "seen") == expected

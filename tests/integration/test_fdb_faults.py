@@ -10,15 +10,6 @@ from pathlib import Path
 
 import millstream as ms
 import pytest
-from fdb_cluster import FdbBinaries, FdbCluster, start_cluster
-from jobs import (
-    SlowKeyedSumMapper,
-    expected_sums,
-    keyed_processor,
-    read_output,
-    tuning,
-    write_keyed_input,
-)
 from millstream.exceptions import (
     TransactionTooLargeError,
     TransactionTooOldError,
@@ -28,6 +19,16 @@ from millstream.ledger import summarize
 from millstream.runner.local import LocalRunner
 from millstream.state import Store, StoreLimits, open_store
 from millstream.state.replay import ReplayingTransaction
+
+from tests.support.fdb_cluster import FdbBinaries, FdbCluster, start_cluster
+from tests.support.jobs import (
+    SlowKeyedSumMapper,
+    expected_sums,
+    keyed_processor,
+    read_output,
+    tuning,
+    write_keyed_input,
+)
 
 pytestmark = pytest.mark.fdb
 

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from fdb_cluster import FdbBinaries
-from test_readme import ROOT, examples, localized, sums_in, write_data
+
+from tests.support.fdb_cluster import FdbBinaries
+from tests.support.readme import ROOT, examples, localized, sums_in, write_data
 
 pytestmark = pytest.mark.fdb
 

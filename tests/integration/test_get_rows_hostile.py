@@ -18,7 +18,11 @@ import millstream as ms
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jobs import (
+from millstream.ledger import list_workers, read_reducer_state
+from millstream.rpc import millstream_pb2, millstream_pb2_grpc
+from millstream.workers import run_worker
+
+from tests.support.jobs import (
     KeyedSumMapper,
     expected_sums,
     keyed_processor,
@@ -26,9 +30,6 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
-from millstream.ledger import list_workers, read_reducer_state
-from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.workers import run_worker
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 

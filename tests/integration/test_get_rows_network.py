@@ -12,7 +12,11 @@ from pathlib import Path
 
 import grpc
 import millstream as ms
-from jobs import (
+from millstream.ledger import list_workers, read_reducer_state, read_statuses
+from millstream.rpc import millstream_pb2, millstream_pb2_grpc
+from millstream.runner.local import LocalRunner
+
+from tests.support.jobs import (
     SlowKeyedSumMapper,
     expected_sums,
     keyed_processor,
@@ -20,9 +24,6 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
-from millstream.ledger import list_workers, read_reducer_state, read_statuses
-from millstream.rpc import millstream_pb2, millstream_pb2_grpc
-from millstream.runner.local import LocalRunner
 
 
 def _read(processor: ms.Processor, fn: Callable):  # type: ignore[no-untyped-def,type-arg]

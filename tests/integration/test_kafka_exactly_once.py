@@ -18,11 +18,12 @@ from pathlib import Path
 import millstream as ms
 import numpy as np
 import pytest
-from chaos import RandomKiller
-from jobs import KeyedSumReducer, read_output, tuning
-from kafka_broker import BOOTSTRAP_VARIABLE, new_topic, noida_broker, produce
-from kafka_jobs import PackedKeyedSumMapper, fill_keyed
 from millstream.runner.local import LocalRunner
+
+from tests.support.chaos import RandomKiller
+from tests.support.jobs import KeyedSumReducer, read_output, tuning
+from tests.support.kafka_broker import BOOTSTRAP_VARIABLE, new_topic, noida_broker, produce
+from tests.support.kafka_jobs import PackedKeyedSumMapper, fill_keyed
 
 CHUNKS = 5
 CHUNK_ROWS = 12_000

@@ -14,17 +14,18 @@ from typing import Any
 import fastavro
 import millstream as ms
 import pytest
-from jobs import KeyedSumReducer, read_output, tuning
-from kafka_broker import delete_records, new_topic, produce
-from kafka_jobs import (
+from millstream.exceptions import ConfigurationError, InputError
+from millstream.runner.local import LocalRunner
+
+from tests.support.jobs import KeyedSumReducer, read_output, tuning
+from tests.support.kafka_broker import delete_records, new_topic, produce
+from tests.support.kafka_jobs import (
     VALUE_SCHEMA,
     JsonKeyedSumMapper,
     OffsetsReducer,
     PassRecordsMapper,
     fill_keyed,
 )
-from millstream.exceptions import ConfigurationError, InputError
-from millstream.runner.local import LocalRunner
 
 
 def _processor(

@@ -16,7 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from test_readme import ROOT, examples, localized, sums_in
+from tests.support.readme import ROOT, examples, localized, sums_in
 
 SECTION = "## Reading a Kafka topic"
 FILES = ("produce.py", "payments.py")

@@ -14,16 +14,16 @@ from pathlib import Path
 import millstream as ms
 import numpy as np
 import pytest
-from jobs import tuning
-from kafka_broker import new_topic
-from kafka_jobs import PackedKeyedSumMapper, SumsToKafkaQueueReducer, fill_keyed
 from millstream.runner.local import LocalRunner
-from test_kafka_sink import _committed_values
+
+from tests.support.jobs import tuning
+from tests.support.kafka_broker import committed_values, new_topic
+from tests.support.kafka_jobs import PackedKeyedSumMapper, SumsToKafkaQueueReducer, fill_keyed
 
 
 def _sums_in_topic(bootstrap: str, topic: str) -> dict[int, int]:
     got: Counter[int] = Counter()
-    for value, count in _committed_values(bootstrap, topic).items():
+    for value, count in committed_values(bootstrap, topic).items():
         key, total = np.frombuffer(value, dtype="<i8").tolist()
         got[key] += total * count
     return {k: v for k, v in got.items() if v}

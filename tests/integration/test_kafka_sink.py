@@ -18,9 +18,10 @@ import millstream as ms
 import numpy as np
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from kafka_broker import BOOTSTRAP_VARIABLE, new_topic, noida_broker
+from confluent_kafka import KafkaException
 from millstream.outputs.kafka_sink import KafkaPublisher, KafkaTarget, PublisherError
+
+from tests.support.kafka_broker import BOOTSTRAP_VARIABLE, committed_values, new_topic, noida_broker
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -33,34 +34,6 @@ def _fill_queue(state: Path, name: str, rows: int, partitions: int = 2) -> ms.in
             queue.append(p, pa.record_batch({"key": [v[:3] for v in values], "value": values}))
         queue.close_partition(p)
     return queue
-
-
-def _committed_values(bootstrap: str, topic: str) -> Counter[bytes]:
-    """Every record a read_committed consumer sees in ``topic``."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "check",
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-        }
-    )
-    metadata = consumer.list_topics(topic, timeout=10)
-    partitions = list(metadata.topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    seen: Counter[bytes] = Counter()
-    ended: set[int] = set()
-    deadline = time.monotonic() + 60
-    while len(ended) < len(partitions) and time.monotonic() < deadline:
-        for message in consumer.consume(10_000, 0.2):
-            error = message.error()
-            if error is None:
-                seen[message.value()] += 1
-            elif error.code() == KafkaError._PARTITION_EOF:
-                ended.add(message.partition())
-    consumer.close()
-    return seen
 
 
 @pytest.fixture
@@ -91,7 +64,7 @@ def test_zombie_publisher_is_fenced(kafka_bootstrap: str, tmp_path: Path) -> Non
     assert successor.run() == 2_000
     zombie.close()
     successor.close()
-    assert _committed_values(kafka_bootstrap, topic) == _expected(3_000, partitions=1)
+    assert committed_values(kafka_bootstrap, topic) == _expected(3_000, partitions=1)
 
 
 PUBLISHER = """
@@ -146,17 +119,18 @@ def test_kill_9_publishers_every_row_once(
             publishers[p] = start(p)
     assert not publishers, "the publishers did not finish"
     assert kills > 0
-    assert _committed_values(kafka_bootstrap, topic) == _expected(rows)
+    assert committed_values(kafka_bootstrap, topic) == _expected(rows)
 
 
 @pytest.mark.slow
 def test_kafka_to_kafka_under_kill_9(
     kafka_bootstrap: str, tmp_path: Path, publishers: dict[int, subprocess.Popen[bytes]]
 ) -> None:
-    from chaos import RandomKiller
-    from jobs import tuning
-    from kafka_jobs import PackedKeyedSumMapper, SumsToKafkaQueueReducer, fill_keyed
     from millstream.runner.local import LocalRunner
+
+    from tests.support.chaos import RandomKiller
+    from tests.support.jobs import tuning
+    from tests.support.kafka_jobs import PackedKeyedSumMapper, SumsToKafkaQueueReducer, fill_keyed
 
     source = new_topic(kafka_bootstrap, 2)
     sink = new_topic(kafka_bootstrap, 2)
@@ -204,7 +178,7 @@ def test_kafka_to_kafka_under_kill_9(
     for p in range(2):  # the last instances finish the sealed queue
         assert publishers[p].wait(timeout=120) == 0
     got: Counter[int] = Counter()
-    for value, count in _committed_values(kafka_bootstrap, sink).items():
+    for value, count in committed_values(kafka_bootstrap, sink).items():
         key, total = np.frombuffer(value, dtype="<i8").tolist()
         got[key] += total * count
     assert {k: v for k, v in got.items() if v} == {k: v for k, v in sums.items() if v}
@@ -265,14 +239,14 @@ def test_a_broker_restart_under_publishers_ends_or_fails_them(
         thread.join(timeout=120)
         assert not thread.is_alive(), "the publisher in a thread hangs"
         assert isinstance(outcome[0], int | PublisherError), repr(outcome[0])
-        in_thread_got = _committed_values(broker.bootstrap, thread_topic)
+        in_thread_got = committed_values(broker.bootstrap, thread_topic)
         for p in range(2):
             for _ in range(3):
                 if publishers[p].wait(timeout=120) == 0:  # a hanging one fails here
                     break
                 publishers[p] = start(p)  # ended loudly: a supervisor starts another
             assert publishers[p].returncode == 0
-        got = _committed_values(broker.bootstrap, topic)
+        got = committed_values(broker.bootstrap, topic)
     failures = [path.read_text(errors="replace") for path in logs]
     assert all("Traceback" not in text or "PublisherError" in text for text in failures)
     assert set(got) <= set(_expected(rows))

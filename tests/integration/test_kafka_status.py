@@ -10,10 +10,11 @@ from typing import Any
 import millstream as ms
 import numpy as np
 import pytest
-from jobs import KeyedSumReducer, tuning
-from kafka_broker import new_topic, produce
-from kafka_jobs import PackedKeyedSumMapper, fill_keyed
 from millstream.cli import main
+
+from tests.support.jobs import KeyedSumReducer, tuning
+from tests.support.kafka_broker import new_topic, produce
+from tests.support.kafka_jobs import PackedKeyedSumMapper, fill_keyed
 
 
 def _status(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:

@@ -12,8 +12,11 @@ from pathlib import Path
 import millstream as ms
 import pyarrow.compute as pc
 import pytest
-from chaos import RandomKiller
-from jobs import (
+from millstream.exceptions import ConfigurationError
+from millstream.runner.local import LocalRunner
+
+from tests.support.chaos import RandomKiller
+from tests.support.jobs import (
     RowsReducer,
     SlowPassThroughMapper,
     input_table,
@@ -21,8 +24,6 @@ from jobs import (
     read_output,
     write_keyed_input,
 )
-from millstream.exceptions import ConfigurationError
-from millstream.runner.local import LocalRunner
 
 PARTITIONS = 8
 

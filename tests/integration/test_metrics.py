@@ -17,16 +17,21 @@ from pathlib import Path
 import millstream as ms
 import pyarrow as pa
 import pytest
-from jobs import PassThroughMapper, RowsReducer, keyed_processor, tuning, write_keyed_input
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import summarize
 from millstream.runner.local import LocalRunner
 from millstream.workers.metrics import COMMIT_SECONDS_BUCKETS
 from prometheus_client.parser import text_string_to_metric_families
-from test_readme import ROOT, write_data
-from test_stopping import JOB
 
-from tests.sockets import listening_hosts
+from tests.support.jobs import (
+    PassThroughMapper,
+    RowsReducer,
+    keyed_processor,
+    tuning,
+    write_keyed_input,
+)
+from tests.support.readme import JOB, ROOT, write_data
+from tests.support.sockets import listening_hosts
 
 ROWS = 20_000
 PER_PARTITION = ROWS // 2
@@ -245,7 +250,7 @@ WORKER = """
 import sys
 from pathlib import Path
 
-from jobs import PassThroughMapper, RowsReducer, keyed_processor
+from tests.support.jobs import PassThroughMapper, RowsReducer, keyed_processor
 from millstream.workers import run_worker
 
 data, state, role = sys.argv[1:4]
@@ -265,7 +270,7 @@ def test_millstream_metrics_serves_what_workers_without_a_runner_write(tmp_path:
     directory.mkdir()
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)]),
+        "PYTHONPATH": str(ROOT),
     }
     server = subprocess.Popen(
         [sys.executable, "-m", "millstream", "metrics", str(directory), "--port", "0"],

@@ -8,8 +8,12 @@ from pathlib import Path
 import millstream as ms
 import pyarrow.dataset as pads
 import pytest
-from chaos import RandomKiller
-from jobs import (
+from millstream.inputs import StoreQueue
+from millstream.outputs import ParquetSink
+from millstream.runner.local import LocalRunner, PipelineRunner
+
+from tests.support.chaos import RandomKiller
+from tests.support.jobs import (
     KeyedSumReducer,
     PassThroughMapper,
     RowsToSinkReducer,
@@ -23,10 +27,7 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
-from millstream.inputs import StoreQueue
-from millstream.outputs import ParquetSink
-from millstream.runner.local import LocalRunner, PipelineRunner
-from stores import ON_FDB
+from tests.support.stores import ON_FDB
 
 CHAOS = tuning(
     batch_rows=2_000,

@@ -9,7 +9,10 @@ from pathlib import Path
 import millstream as ms
 import numpy as np
 import pyarrow as pa
-from jobs import (
+from millstream.ledger import read_mapper_state, read_reducer_state, read_statuses
+from millstream.runner.local import LocalRunner
+
+from tests.support.jobs import (
     KeyedSumMapper,
     KeyedSumReducer,
     PassThroughMapper,
@@ -19,8 +22,6 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
-from millstream.ledger import read_mapper_state, read_reducer_state, read_statuses
-from millstream.runner.local import LocalRunner
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]

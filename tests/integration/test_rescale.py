@@ -15,8 +15,19 @@ from pathlib import Path
 
 import millstream as ms
 import pytest
-from chaos import RandomKiller
-from jobs import (
+from millstream.exceptions import ConfigurationError
+from millstream.ledger import (
+    ProcessorInfo,
+    RescalePlan,
+    read_processor_info,
+    read_rescale,
+    summarize,
+)
+from millstream.outputs import ParquetSink
+from millstream.runner.local import LocalRunner
+
+from tests.support.chaos import RandomKiller
+from tests.support.jobs import (
     EVENT_DISORDER_MS,
     EVENT_WINDOWS,
     KeyGroupSumReducer,
@@ -31,17 +42,7 @@ from jobs import (
     write_keyed_input,
     written_windows,
 )
-from millstream.exceptions import ConfigurationError
-from millstream.ledger import (
-    ProcessorInfo,
-    RescalePlan,
-    read_processor_info,
-    read_rescale,
-    summarize,
-)
-from millstream.outputs import ParquetSink
-from millstream.runner.local import LocalRunner
-from stores import ON_BOTH
+from tests.support.stores import ON_BOTH
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -52,7 +53,7 @@ JOB = """
 import os
 from pathlib import Path
 
-from jobs import KeyGroupSumReducer, SlowKeyedSumMapper, keyed_processor, tuning
+from tests.support.jobs import KeyGroupSumReducer, SlowKeyedSumMapper, keyed_processor, tuning
 
 processor = keyed_processor(
     Path(os.environ["MILLSTREAM_TEST_DATA"]),
@@ -123,7 +124,7 @@ def _cli_rescale(
 ) -> subprocess.Popen[str]:
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "MILLSTREAM_TEST_DATA": str(data),
         "MILLSTREAM_TEST_STATE": str(state),
         "MILLSTREAM_TEST_REDUCERS": str(reducers),

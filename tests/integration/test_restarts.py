@@ -18,10 +18,17 @@ from pathlib import Path
 import millstream as ms
 import pyarrow as pa
 import pytest
-from jobs import KeyedSumMapper, expected_sums, keyed_processor, read_output, write_keyed_input
 from millstream.exceptions import ConfigurationError, CrashLoopError
 from millstream.runner.forkserver import die_with_parent, fork_server_pid, start_fork_server
 from millstream.runner.local import LocalRunner
+
+from tests.support.jobs import (
+    KeyedSumMapper,
+    expected_sums,
+    keyed_processor,
+    read_output,
+    write_keyed_input,
+)
 
 FAILS_ON_IMPORT = """
 import os

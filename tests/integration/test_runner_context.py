@@ -9,8 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from jobs import expected_sums, keyed_processor, read_output, write_keyed_input
 from millstream.runner.local import LocalRunner
+
+from tests.support.jobs import expected_sums, keyed_processor, read_output, write_keyed_input
 
 MODULE = """
 import os

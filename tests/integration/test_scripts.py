@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_readme import ROOT, examples, localized, sums_in, write_data
+from tests.support.readme import ROOT, examples, localized, sums_in, write_data
 
 
 def _readme_job() -> str:

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from test_readme import ROOT, write_data
-from test_stopping import JOB
+from tests.support.readme import JOB, ROOT, write_data
 
 ROWS = 8_000
 PER_PARTITION = ROWS // 2

@@ -13,45 +13,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_readme import sums_in, write_data
 
-JOB = """
-import os
-import time
-
-import pyarrow as pa
-import millstream as ms
-
-
-class SlowPreAggregate(ms.Mapper):
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        time.sleep(float(os.environ.get("JOB_MAP_SLEEP", "0")))
-        table = pa.Table.from_batches([batch])
-        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
-        return ms.Partitioned.by_hash(
-            sums.rename_columns(["key", "value"]), key="key", num_reducers=self.spec.num_reducers
-        )
-
-
-class SumIntoStore(ms.Reducer):
-    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
-        table = pa.Table.from_batches([batch])
-        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
-        txn.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
-
-
-processor = ms.Processor(
-    mapper=SlowPreAggregate,
-    reducer=SumIntoStore,
-    input=ms.inputs.ParquetLog("data/"),
-    store=os.environ["JOB_STORE"],
-    num_reducers=2,
-    tuning=ms.Tuning(batch_rows=100, commit_interval_seconds=0.05),
-)
-
-if __name__ == "__main__":
-    print(ms.run_local(processor, progress=True))
-"""
+from tests.support.readme import JOB, sums_in, write_data
 
 
 def _processes_with(marker: str) -> list[int]:

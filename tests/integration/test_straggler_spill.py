@@ -7,7 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from jobs import (
+from millstream.ledger import reduced_key
+from millstream.ledger.spill import spill_pending
+from millstream.runner.local import LocalRunner
+from millstream.state import decode_int64
+
+from tests.support.jobs import (
     SlowKeyedSumMapper,
     expected_sums,
     keyed_processor,
@@ -15,10 +20,6 @@ from jobs import (
     tuning,
     write_keyed_input,
 )
-from millstream.ledger import reduced_key
-from millstream.ledger.spill import spill_pending
-from millstream.runner.local import LocalRunner
-from millstream.state import decode_int64
 
 
 def _committed_rows(store: object, reducer: int) -> int:

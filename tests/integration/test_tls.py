@@ -9,7 +9,6 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 import pytest
-from jobs import expected_sums, keyed_processor, read_output, tuning, write_keyed_input
 from millstream import _core
 from millstream.exceptions import ConfigurationError
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
@@ -18,7 +17,15 @@ from millstream.rpc.server import RowsServer
 from millstream.rpc.tls import tls_files
 from millstream.runner.local import LocalRunner
 from millstream.tuning import Tuning
-from tls_files import SERVER_NAME, make_certificates
+
+from tests.support.jobs import (
+    expected_sums,
+    keyed_processor,
+    read_output,
+    tuning,
+    write_keyed_input,
+)
+from tests.support.tls_files import SERVER_NAME, make_certificates
 
 GUID = "mapper-guid"
 

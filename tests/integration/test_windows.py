@@ -7,8 +7,11 @@ from pathlib import Path
 
 import millstream as ms
 import pytest
-from chaos import RandomKiller
-from jobs import (
+from millstream.outputs import ParquetSink
+from millstream.runner.local import LocalRunner
+
+from tests.support.chaos import RandomKiller
+from tests.support.jobs import (
     EVENT_DISORDER_MS,
     EVENT_WINDOWS,
     SlowWindowMapper,
@@ -17,9 +20,7 @@ from jobs import (
     write_event_input,
     written_windows,
 )
-from millstream.outputs import ParquetSink
-from millstream.runner.local import LocalRunner
-from stores import ON_FDB
+from tests.support.stores import ON_FDB
 
 
 @pytest.mark.parametrize(

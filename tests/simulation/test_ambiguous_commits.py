@@ -22,7 +22,7 @@ from millstream.inputs import store_queue
 from millstream.inputs.store_queue import StoreQueue
 from millstream.state import encode_int64
 
-from tests.simulation.harness import Action, SimConfig, Simulation, replay
+from tests.support.simulation import Action, SimConfig, Simulation, replay
 
 CONFIG = SimConfig(totals=(4, 6), num_reducers=2, batch_rows=4, commit_max_rows=8)
 

@@ -1,6 +1,6 @@
 """At-least-once delivery: targeted replays of the races its two guards exist for.
 
-The property-based machine (``TestAtLeastOnce`` in ``test_protocol_simulation.py``) runs
+The property-based machine (``TestAtLeastOnce`` in ``test_protocol_machines.py``) runs
 every step and fault with ``delivery="at_least_once"`` and checks that nothing is lost;
 these replays reach one race each on purpose and show that the guard decides it.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from millstream.workers import ReducerWorker
 
-from tests.simulation.harness import SimConfig, replay
-from tests.simulation.test_simulation_mutants import commit_without_numbering_check
+from tests.support.simulation import SimConfig, replay
+from tests.support.simulation.mutants import commit_without_numbering_check
 
 # One mapper over 8 rows (4 visible at first), batches of up to 3 rows, a combining map:
 # the first instance cuts [0, 3) and [3, 4) before the rest arrives, its successor cuts

@@ -1,14 +1,15 @@
 """Each composite step reaches the race it exists for, and the workers survive it.
 
-The steps replay deterministically (see harness.py); every invariant is checked after each
-step and the run drains at the end, through the instances that survived it.
+The steps replay deterministically (see ``tests.support.simulation``); every invariant is
+checked after each step and the run drains at the end, through the instances that
+survived it.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.simulation.harness import SimConfig, replay
+from tests.support.simulation import SimConfig, replay
 
 CONFIG = SimConfig(
     totals=(20, 12), num_reducers=2, batch_rows=4, commit_max_rows=8, preaggregate=True

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.simulation import harness
-from tests.simulation.harness import Action, Outcome, SimConfig, Simulation, replay
-from tests.simulation.test_protocol_simulation import ProtocolMachine
-from tests.simulation.test_simulation_mutants import MUTANTS
+from tests.support import simulation
+from tests.support.simulation import Action, Outcome, SimConfig, Simulation, replay
+from tests.support.simulation.machines import ProtocolMachine
+from tests.support.simulation.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,5 +158,5 @@ def test_a_failure_prints_a_replay_that_fails_the_same_way(
     call = next(line for line in notes.splitlines() if line.startswith("replay(SimConfig("))
     for _ in range(2):
         with pytest.raises(AssertionError) as again:
-            eval(call, vars(harness))  # the line the report printed
+            eval(call, vars(simulation))  # the line the report printed
         assert str(again.value) == str(caught.value)

@@ -1,12 +1,12 @@
 """Straggler spill: replays of races the property-based machine found, kept as regressions.
 
-Every step of ``test_protocol_simulation.py`` may spill (with every reducer counted as a
+Every step of ``test_protocol_machines.py`` may spill (with every reducer counted as a
 straggler); these replays reach one race each on purpose.
 """
 
 from __future__ import annotations
 
-from tests.simulation.harness import SimConfig, replay
+from tests.support.simulation import SimConfig, replay
 
 
 def test_rows_spilled_after_their_commit_are_cleared() -> None:

@@ -26,7 +26,8 @@ from millstream.outputs import ParquetSink
 from millstream.state import open_store
 from millstream.windows import stored
 from millstream.windows.partials import Plan, decode, encode
-from test_window_aggregation import commit_round
+
+from tests.support.event_time import commit_round
 
 SIZE = 100
 """Windows of 100 ticks; rows fall in three of them (event times 0..299)."""

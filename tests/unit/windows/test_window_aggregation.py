@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 from millstream.outputs import ParquetSink
 from millstream.testing import MemoryInput, run_in_process
 
-MINUTE = 60_000
+from tests.support.event_time import MINUTE, commit_round, stream
 
 REDUCERS = [ms.windows.WindowReducer, ms.windows.PendingWindowReducer]
 """Open windows' partials in the store, or pending in the mappers' windows."""
@@ -24,18 +23,6 @@ REDUCERS = [ms.windows.WindowReducer, ms.windows.PendingWindowReducer]
 @pytest.fixture(params=REDUCERS, ids=["stored", "pending"])
 def reducer(request: pytest.FixtureRequest) -> type[ms.Reducer]:
     return request.param  # type: ignore[no-any-return]
-
-
-def stream(partitions: int, rows: int, *, disorder: int, seed: int = 5) -> list[pa.Table]:
-    """Rows about 10 ms apart per partition, each up to ``disorder`` ms out of order."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(partitions):
-        ts = np.arange(rows, dtype=np.int64) * 10 + rng.integers(0, disorder + 1, rows)
-        keys = rng.integers(0, 20, rows, dtype=np.int64)
-        values = rng.integers(-100, 100, rows, dtype=np.int64)
-        out.append(pa.table({"ts": ts, "key": keys, "value": values}))
-    return out
 
 
 def expected(tables: list[pa.Table], size: int, slide: int) -> pa.Table:
@@ -178,7 +165,7 @@ def test_bad_windows_are_refused() -> None:
 def test_a_commit_that_failed_leaves_the_windows_as_the_store_has_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reducer: type[ms.Reducer]
 ) -> None:
-    from worker_fixtures import ConflictingCommits
+    from tests.support.worker_fixtures import ConflictingCommits
 
     conflicts = ConflictingCommits(every=3)
     conflicts.install(monkeypatch)
@@ -225,26 +212,11 @@ def test_a_commit_that_landed_unconfirmed_is_read_back_from_the_store(tmp_path: 
     store.close()
 
 
-def commit_round(
-    store: Any, sink: ParquetSink, write: Callable[[ms.Transaction], None], reducer: int = 0
-) -> None:
-    """One reducer transaction by hand: ``write`` through it, then commit it with what it
-    staged for ``sink`` (as reducer ``reducer``) and publish that."""
-    from millstream.outputs import StagedOutputs
-
-    txn = store.create_transaction()
-    outputs = StagedOutputs([sink], f"reducer-{reducer}", 0)
-    write(ms.Transaction(txn, outputs))
-    outputs.apply(txn)
-    txn.commit()
-    outputs.publish()
-
-
 def _cluster(
     tmp_path: Path, tables: list[pa.Table], reducer: type[ms.Reducer]
 ) -> tuple[Any, ParquetSink]:
     """Workers stepped in this process: tumbling minutes (100 ms late at most) into a sink."""
-    from test_worker_steps import Cluster
+    from tests.support.worker_fixtures import Cluster
 
     url = f"sqlite:///{tmp_path / 'state.db'}"
     sink = ParquetSink(url, "windows", str(tmp_path / "out"))

@@ -15,7 +15,8 @@ from millstream.exceptions import ConfigurationError
 from millstream.outputs import ParquetSink
 from millstream.state import open_store
 from millstream.state.keys import pack, unpack
-from test_window_aggregation import MINUTE, commit_round, stream
+
+from tests.support.event_time import MINUTE, commit_round, stream
 
 WINDOWS = ms.windows.Windows(
     time="ts", key="key", size=MINUTE, aggregates={"n": (None, "count")}, output="windows"
