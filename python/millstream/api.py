@@ -320,7 +320,8 @@ class Transaction:
 
 
 class Mapper(ABC):
-    """Base class of the user's mapper. One instance per mapper worker.
+    """Base class of the user's mapper. One instance per input partition (a mapper worker
+    reading several partitions runs one for each).
 
     ``map`` **must be deterministic**: the same input batch must give the same output rows,
     in the same order, with the same reducer indices, in every process and after every
@@ -387,7 +388,7 @@ class Reducer(ABC):
         """
 
     def drain(self, txn: Transaction) -> None:  # noqa: B027 (optional hook)
-        """Called once when the processor drained (every mapper's input ended and every row
+        """Called once when the processor drained (every partition's input ended and every row
         is committed), in a transaction of its own: flush what ``reduce`` kept pending,
         such as event-time panes the end of input closes.
 
