@@ -2,13 +2,13 @@
 
 Run it with ``python -m examples.pipeline``. The input is a generated log of timestamped
 text lines (``ts`` in epoch milliseconds, a few seconds out of order). The first processor
-counts words in tumbling one-minute windows of event time (``ms.windows``, with the
-persistent-queue reducer: open windows write nothing) and emits each closed window's
+counts words in tumbling one-minute panes of event time (``ms.event_time``, with the
+persistent-queue reducer: open panes write nothing) and emits each closed pane's
 ``(window_start, window_end, word, n)`` rows to the store queue
 ``word-counts``, in the transaction that commits it. The second processor reads that queue
 and keeps the ten most frequent words of each minute under ``("top", window_start)``. Each
 count reaches the second stage exactly once, whatever fails; when the first stage drains
-it emits the windows still open and seals the queue, and the second drains after it.
+it emits the panes still open and seals the queue, and the second drains after it.
 
 Input and state live under ``MILLSTREAM_EXAMPLE_DIR`` (default
 ``/tmp/millstream-pipeline``); ``MILLSTREAM_EXAMPLE_ROWS`` lines (default 200,000).
@@ -66,14 +66,14 @@ def words_with_time(batch: pa.RecordBatch | pa.Table) -> pa.Table:
     return pa.table({"ts": pa.array(ts, pa.int64()), "word": pc.list_flatten(split)})
 
 
-class WordsByMinute(ms.windows.WindowMapper):
-    """Splits lines into timestamped words before the window mapper combines them."""
+class WordsByMinute(ms.event_time.PaneMapper):
+    """Splits lines into timestamped words before the pane mapper combines them."""
 
     def prepare(self, batch: pa.RecordBatch) -> pa.Table:
         return words_with_time(batch)
 
 
-COUNTS = ms.windows.Windows(
+COUNTS = ms.event_time.Panes(
     time="ts",
     key="word",
     size=MINUTE,
@@ -83,8 +83,8 @@ COUNTS = ms.windows.Windows(
 )
 
 
-class ByWindow(ms.Mapper):
-    """Routes the first stage's rows by their window, so one reducer sees a whole minute."""
+class ByPane(ms.Mapper):
+    """Routes the first stage's rows by their pane, so one reducer sees a whole minute."""
 
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
         return ms.Partitioned.by_hash(
@@ -92,16 +92,16 @@ class ByWindow(ms.Mapper):
         )
 
 
-def top_words(window: pa.Table, n: int = TOP) -> list[tuple[str, int]]:
+def top_words(pane: pa.Table, n: int = TOP) -> list[tuple[str, int]]:
     """The ``n`` most frequent words of ``(word, n)`` rows, ties broken by the word."""
-    ordered = window.sort_by([("n", "descending"), ("word", "ascending")]).slice(0, n)
+    ordered = pane.sort_by([("n", "descending"), ("word", "ascending")]).slice(0, n)
     return list(zip(ordered["word"].to_pylist(), ordered["n"].to_pylist(), strict=True))
 
 
 class TopWordsPerMinute(ms.Reducer):
     """Keeps the top words of each minute under ``("top", window_start)``.
 
-    Each ``(window, word)`` count arrives once and final, so a minute's top words are the
+    Each ``(pane, word)`` count arrives once and final, so a minute's top words are the
     top of its stored top words and the counts that just arrived.
     """
 
@@ -125,17 +125,17 @@ def make_pipeline(root: Path = ROOT, rows: int = ROWS) -> list[ms.Processor]:
     counts = ms.inputs.StoreQueue(store, "word-counts", num_partitions=2)
     words = ms.Processor(
         mapper=WordsByMinute,
-        # Open windows' counts stay pending in the mappers' memory; only results are written.
-        reducer=ms.windows.PendingWindowReducer,
+        # Open panes' counts stay pending in the mappers' memory; only results are written.
+        reducer=ms.event_time.PendingPaneReducer,
         input=ms.inputs.ParquetLog(str(generate(root, rows))),
         store=store,
         num_reducers=2,  # one queue partition per reducer: their appends never conflict
         name="words",
-        config={"windows": COUNTS},
+        config={"panes": COUNTS},
         outputs=[counts],
     )
     top = ms.Processor(
-        mapper=ByWindow,
+        mapper=ByPane,
         reducer=TopWordsPerMinute,
         input=counts,
         store=store,

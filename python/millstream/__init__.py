@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 if TYPE_CHECKING:
-    from millstream import exceptions, inputs, outputs, windows
+    from millstream import event_time, exceptions, inputs, outputs
     from millstream._core import __version__
     from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
     from millstream.inputs.base import Input, PartitionReader, ReadResult
@@ -64,11 +64,12 @@ _WHERE = {
     "rescale": "millstream.runner.rescale",
     "__version__": "millstream._core",
 }
-_SUBMODULES = ("exceptions", "inputs", "outputs", "windows")
+_SUBMODULES = ("event_time", "exceptions", "inputs", "outputs")
+_DEPRECATED_SUBMODULES = ("windows",)  # millstream.event_time; it warns when imported
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or name in _DEPRECATED_SUBMODULES:
         return importlib.import_module(f"millstream.{name}")
     where = _WHERE.get(name)
     if where is None:
@@ -100,11 +101,11 @@ __all__ = [
     "Tuning",
     "WorkerSpec",
     "__version__",
+    "event_time",
     "exceptions",
     "inputs",
     "outputs",
     "rescale",
     "run_local",
     "run_local_pipeline",
-    "windows",
 ]

@@ -8,6 +8,7 @@ row's effect is applied exactly once.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -319,7 +320,8 @@ class Transaction:
 
 
 class Mapper(ABC):
-    """Base class of the user's mapper. One instance per mapper worker.
+    """Base class of the user's mapper. One instance per input partition (a mapper worker
+    reading several partitions runs one for each).
 
     ``map`` **must be deterministic**: the same input batch must give the same output rows,
     in the same order, with the same reducer indices, in every process and after every
@@ -352,15 +354,29 @@ class Reducer(ABC):
     Attributes:
         spec: This worker's :class:`WorkerSpec`.
         config: The user configuration given to the processor.
-        drained_mappers: Mappers whose input ended and whose every row every reducer has
-            committed, as of this reducer's last look at the store (set before each
-            ``reduce``): nothing more will come from them.
+        drained_partitions: Input partitions whose input ended and whose every row every
+            reducer has committed, as of this reducer's last look at the store (set before
+            each ``reduce``): nothing more will come from them.
     """
 
     def __init__(self, spec: WorkerSpec, config: Mapping[str, Any]) -> None:
         self.spec = spec
         self.config = config
-        self.drained_mappers: frozenset[int] = frozenset()
+        self.drained_partitions: frozenset[int] = frozenset()
+
+    @property
+    def drained_mappers(self) -> frozenset[int]:
+        """Deprecated: :attr:`drained_partitions` (it holds input partitions)."""
+        warnings.warn(
+            "Reducer.drained_mappers is deprecated: use Reducer.drained_partitions",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.drained_partitions
+
+    @drained_mappers.setter
+    def drained_mappers(self, partitions: frozenset[int]) -> None:
+        self.drained_partitions = partitions
 
     @abstractmethod
     def reduce(self, batch: pa.RecordBatch, txn: Transaction) -> None:
@@ -372,9 +388,9 @@ class Reducer(ABC):
         """
 
     def drain(self, txn: Transaction) -> None:  # noqa: B027 (optional hook)
-        """Called once when the processor drained (every mapper's input ended and every row
+        """Called once when the processor drained (every partition's input ended and every row
         is committed), in a transaction of its own: flush what ``reduce`` kept pending,
-        such as windows the end of input closes.
+        such as event-time panes the end of input closes.
 
         Its writes commit exactly once, with a marker millstream keeps; a reducer restarted
         after the commit does not call it again. Output queues are sealed only after every

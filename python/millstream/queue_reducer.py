@@ -5,8 +5,8 @@ it. A :class:`QueueReducer` sees, every round, every row it has fetched and not 
 yet (its :class:`PendingRows`), and finishes the rows it is done with in that round's
 transaction. Rows it has not finished stay in the mappers' windows (memory, never the
 store) and come again in the next round, and after any failure; rows it finished and
-committed never come again. Windowed aggregation is its use: a window's rows wait, pending,
-until the watermark closes it, and only the window's result is written.
+committed never come again. Event-time aggregation is its use: a pane's rows wait, pending,
+until the watermark closes it, and only the pane's result is written.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class QueueReducer(Reducer):
         run's inputs end there, and :attr:`PendingRows.ended_mappers` is hidden from
         :meth:`process` until then): store through ``txn`` what the pending rows stand for,
         addressed by key group so that each key group's new owner finds it (see
-        :class:`~millstream.windows.PendingWindowReducer`), and finish every row; the
+        :class:`~millstream.event_time.PendingPaneReducer`), and finish every row; the
         reducer's :meth:`~millstream.Reducer.on_rescale` hands over what it keeps under its
         index. Not overriding it makes the reducer refuse rescales.
 

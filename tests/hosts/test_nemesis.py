@@ -1,6 +1,6 @@
 """The nemesis over seeds on the keyed sum: every cut lands in every seed, every seed's sums
 are exact and the run drains within ``DRAIN_SECONDS`` of the final heal. The longer soak
-(more seeds, windows and a queue pipeline too): ``python -m tests.support.hosts.soak``."""
+(more seeds, panes and a queue pipeline too): ``python -m tests.support.hosts.soak``."""
 
 from __future__ import annotations
 

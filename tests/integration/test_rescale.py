@@ -1,7 +1,7 @@
 """Rescaling reducers: the keyed sum started with 2 reducers is rescaled to 3, then to 1,
 mid-stream, every run under kill -9: the sums are exact, every row after a rescale
 reaches the owner of its key group, and a rescale killed half-way finishes when run
-again. The same for a windowed aggregation whose open windows' partials are stored."""
+again. The same for an event-time aggregation whose open panes' partials are stored."""
 
 from __future__ import annotations
 
@@ -29,25 +29,25 @@ from millstream.runner.local import LocalRunner
 from tests.support.chaos import RandomKiller
 from tests.support.jobs import (
     EVENT_DISORDER_MS,
-    EVENT_WINDOWS,
+    EVENT_PANES,
     KeyGroupSumReducer,
     SlowKeyedSumMapper,
-    SlowWindowMapper,
+    SlowPaneMapper,
+    expected_panes,
     expected_sums,
-    expected_windows,
     keyed_processor,
     read_output,
     tuning,
     write_event_input,
     write_keyed_input,
-    written_windows,
+    written_panes,
 )
 from tests.support.stores import ON_BOTH
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ROWS = 60_000
-WINDOW_ROWS = 120_000
+PANE_ROWS = 120_000
 
 JOB = """
 import os
@@ -226,17 +226,17 @@ def test_a_rescale_refuses_more_reducers_than_key_groups(tmp_path: Path) -> None
         dataclasses.replace(processor, num_reducers=5)
 
 
-def _window_processor(
+def _pane_processor(
     data: Path, state: Path, sink: ParquetSink, reducers: int, reducer: type[ms.Reducer]
 ) -> ms.Processor:
     return ms.Processor(
-        mapper=SlowWindowMapper,
+        mapper=SlowPaneMapper,
         reducer=reducer,
         input=ms.inputs.ParquetLog(str(data)),
         store=f"sqlite:///{state}",
-        name="windows",
+        name="panes",
         num_reducers=reducers,
-        config={"windows": EVENT_WINDOWS, "map_seconds": 0.08},
+        config={"panes": EVENT_PANES, "map_seconds": 0.08},
         outputs=[sink],
         tuning=tuning(batch_rows=500, commit_interval_seconds=0.1),
     )
@@ -244,36 +244,34 @@ def _window_processor(
 
 @pytest.mark.parametrize(
     "reducer",
-    [ms.windows.WindowReducer, ms.windows.PendingWindowReducer],
+    [ms.event_time.PaneReducer, ms.event_time.PendingPaneReducer],
     ids=["stored", "pending"],
 )
-def test_rescaling_a_window_aggregation_2_to_3_to_1_under_kill_9_is_exact(
+def test_rescaling_a_pane_aggregation_2_to_3_to_1_under_kill_9_is_exact(
     tmp_path: Path, reducer: type[ms.Reducer]
 ) -> None:
-    """Tumbling minutes per key, open windows' partials stored (or pending in the mappers,
-    stored by key group at each rescale): every window is emitted once, with every row,
+    """Tumbling minutes per key, open panes' partials stored (or pending in the mappers,
+    stored by key group at each rescale): every pane is emitted once, with every row,
     though its key group changed owner twice while it was open."""
-    data = write_event_input(tmp_path / "in", WINDOW_ROWS, disorder_ms=EVENT_DISORDER_MS)
+    data = write_event_input(tmp_path / "in", PANE_ROWS, disorder_ms=EVENT_DISORDER_MS)
     state = tmp_path / "state.db"
     sink = ParquetSink(f"sqlite:///{state}", "per-minute", str(tmp_path / "out"))
-    _run_under_chaos_until(
-        _window_processor(data, state, sink, 2, reducer), WINDOW_ROWS // 5, seed=3
-    )
+    _run_under_chaos_until(_pane_processor(data, state, sink, 2, reducer), PANE_ROWS // 5, seed=3)
 
-    summary = ms.rescale(_window_processor(data, state, sink, 3, reducer))
+    summary = ms.rescale(_pane_processor(data, state, sink, 3, reducer))
     print(summary)
     assert (summary.old_reducers, summary.new_reducers) == (2, 3)
     _run_under_chaos_until(
-        _window_processor(data, state, sink, 3, reducer), 3 * WINDOW_ROWS // 5, seed=4
+        _pane_processor(data, state, sink, 3, reducer), 3 * PANE_ROWS // 5, seed=4
     )
 
-    print(ms.rescale(_window_processor(data, state, sink, 1, reducer)))
-    one = _window_processor(data, state, sink, 1, reducer)
+    print(ms.rescale(_pane_processor(data, state, sink, 1, reducer)))
+    one = _pane_processor(data, state, sink, 1, reducer)
     runner = LocalRunner(one)
     runner.start()
     with RandomKiller(runner, seed=5, max_kills=6) as killer:
         runner.wait(timeout=300)
     print(f"1 reducer: killed {killer.kills}")
-    assert _rows_reduced(one) == WINDOW_ROWS
-    assert ms.windows.late_rows(one) == 0
-    assert written_windows(sink) == expected_windows(data)
+    assert _rows_reduced(one) == PANE_ROWS
+    assert ms.event_time.late_rows(one) == 0
+    assert written_panes(sink) == expected_panes(data)

@@ -223,8 +223,8 @@ class SlowPassThroughMapper(PassThroughMapper):
         return super().map(batch)
 
 
-class SlowWindowMapper(ms.windows.WindowMapper):
-    """:class:`~millstream.windows.WindowMapper` that sleeps ``config["map_seconds"]`` per
+class SlowPaneMapper(ms.event_time.PaneMapper):
+    """:class:`~millstream.event_time.PaneMapper` that sleeps ``config["map_seconds"]`` per
     batch: a stream that lasts long enough for faults injected while it runs."""
 
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
@@ -261,7 +261,7 @@ EVENT_DISORDER_MS = 5_000
 
 _MINUTE_MS = 60_000
 
-EVENT_WINDOWS = ms.windows.Windows(
+EVENT_PANES = ms.event_time.Panes(
     time="ts",
     key="key",
     size=_MINUTE_MS,
@@ -272,24 +272,24 @@ EVENT_WINDOWS = ms.windows.Windows(
 """Tumbling minutes per key over :func:`write_event_input`'s rows, late by the disorder."""
 
 
-def expected_windows(root: Path) -> list[tuple[int, int, int, int, int]]:
-    """``(window_start, key, n, total, high)`` of :data:`EVENT_WINDOWS` over the rows
+def expected_panes(root: Path) -> list[tuple[int, int, int, int, int]]:
+    """``(window_start, key, n, total, high)`` of :data:`EVENT_PANES` over the rows
     under ``root``, computed with pyarrow alone."""
     rows = input_table(root)
     ts = np.asarray(rows["ts"].to_numpy())
     starts = pa.array((ts // _MINUTE_MS) * _MINUTE_MS)
-    table = rows.append_column(ms.windows.START, starts)
-    grouped = table.group_by([ms.windows.START, "key"]).aggregate(
+    table = rows.append_column(ms.event_time.START, starts)
+    grouped = table.group_by([ms.event_time.START, "key"]).aggregate(
         [([], "count_all"), ("value", "sum"), ("value", "max")]
     )
-    columns = [ms.windows.START, "key", "count_all", "value_sum", "value_max"]
+    columns = [ms.event_time.START, "key", "count_all", "value_sum", "value_max"]
     return sorted(zip(*(grouped[c].to_pylist() for c in columns), strict=True))
 
 
-def written_windows(sink: Any) -> list[tuple[int, int, int, int, int]]:
-    """``(window_start, key, n, total, high)`` of every window a ParquetSink received."""
+def written_panes(sink: Any) -> list[tuple[int, int, int, int, int]]:
+    """``(window_start, key, n, total, high)`` of every pane a ParquetSink received."""
     table = sink.read()
-    columns = [ms.windows.START, "key", "n", "total", "high"]
+    columns = [ms.event_time.START, "key", "n", "total", "high"]
     return sorted(zip(*(table[c].to_pylist() for c in columns), strict=True))
 
 

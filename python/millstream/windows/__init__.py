@@ -1,32 +1,44 @@
-"""Event-time windows: tumbling and sliding windowed aggregation per key, exactly once.
+"""Deprecated: the event-time aggregation moved to :mod:`millstream.event_time`.
 
-    windows = ms.windows.Windows(time="ts", key="word", size=60_000, lateness=5_000,
-                                 aggregates={"n": (None, "count"), "total": ("value", "sum")},
-                                 output="per-minute")
-    processor = ms.Processor(mapper=ms.windows.WindowMapper, reducer=ms.windows.WindowReducer,
-                             config={"windows": windows}, outputs=[sink], ...)
-
-Mappers combine each batch into partial aggregates per window and key (Arrow group-bys)
-and report their latest event time; reducers merge partials and emit each window once it
-closes. Two reducers: :class:`WindowReducer` keeps open windows' partials in the store
-with its commits (any number of open windows); :class:`PendingWindowReducer` keeps them
-pending in the mappers' memory (a persistent-queue reducer) and writes only the results.
+``millstream.windows`` and its names still work, with a :class:`DeprecationWarning`:
+``Windows`` is now ``Panes``, ``WindowMapper`` ``PaneMapper``, ``WindowReducer``
+``PaneReducer`` and ``PendingWindowReducer`` ``PendingPaneReducer`` ("window" names the
+mapper's buffer of mapped rows; a stretch of event time is a *pane*).
 """
 
-from millstream.windows.mapper import WindowMapper
-from millstream.windows.partials import END, START, Plan
-from millstream.windows.pending import PendingWindowReducer
-from millstream.windows.reducer import WindowReducer, late_rows
-from millstream.windows.spec import FUNCTIONS, Windows
+from __future__ import annotations
 
-__all__ = [
-    "END",
-    "FUNCTIONS",
-    "START",
-    "PendingWindowReducer",
-    "Plan",
-    "WindowMapper",
-    "WindowReducer",
-    "Windows",
-    "late_rows",
-]
+import warnings
+from typing import Any
+
+from millstream import event_time
+
+_RENAMED = {
+    "Windows": "Panes",
+    "WindowMapper": "PaneMapper",
+    "WindowReducer": "PaneReducer",
+    "PendingWindowReducer": "PendingPaneReducer",
+}
+
+warnings.warn(
+    "millstream.windows is deprecated: use millstream.event_time (Windows is now Panes, "
+    "WindowMapper PaneMapper, WindowReducer PaneReducer, PendingWindowReducer "
+    "PendingPaneReducer, config={'panes': ...})",
+    DeprecationWarning,
+    stacklevel=2,
+)
+
+
+def __getattr__(name: str) -> Any:
+    new = _RENAMED.get(name, name)
+    if new not in event_time.__all__:
+        raise AttributeError(f"module 'millstream.windows' has no attribute {name!r}")
+    warnings.warn(
+        f"millstream.windows.{name} is deprecated: use millstream.event_time.{new}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(event_time, new)
+
+
+__all__ = [*_RENAMED, "END", "FUNCTIONS", "START", "Plan", "late_rows"]

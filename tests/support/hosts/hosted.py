@@ -148,8 +148,8 @@ def drain(runner: LocalRunner) -> RunSummary:
     return runner.finish()
 
 
-class GatedWindowMapper(ms.windows.WindowMapper):
-    """:class:`~millstream.windows.WindowMapper` slowed while ``config["gate"]`` exists
+class GatedPaneMapper(ms.event_time.PaneMapper):
+    """:class:`~millstream.event_time.PaneMapper` slowed while ``config["gate"]`` exists
     (as :class:`GatedKeyedSumMapper`)."""
 
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:

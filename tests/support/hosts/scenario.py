@@ -1,7 +1,7 @@
 """One seed of the nemesis: a job on hosts of their own, cut apart while it runs, checked
 exact once it drained.
 
-Jobs: ``keyed_sum`` (the CI test's), ``windows`` (tumbling event-time windows into a
+Jobs: ``keyed_sum`` (the CI test's), ``panes`` (tumbling event-time panes into a
 Parquet sink) and ``pipeline`` (a keyed sum whose reducers append partial sums to a store
 queue, read by a second processor: the queue reducer's path). Every job's mappers are
 slowed while the nemesis runs (a gate file) and run at full speed once it healed.
@@ -22,29 +22,29 @@ from millstream.runner.forkserver import start_fork_server
 from millstream.runner.local import LocalRunner
 
 from tests.support.hosts.cluster import Cluster, inside, start_foundationdb
-from tests.support.hosts.hosted import GatedKeyedSumMapper, GatedWindowMapper, Layout, with_tls
+from tests.support.hosts.hosted import GatedKeyedSumMapper, GatedPaneMapper, Layout, with_tls
 from tests.support.hosts.nemesis import CUTS, STORE_CUT, Nemesis, plan
 from tests.support.jobs import (
     EVENT_DISORDER_MS,
-    EVENT_WINDOWS,
+    EVENT_PANES,
     KeyedSumReducer,
     PassThroughMapper,
     SumsToQueueReducer,
+    expected_panes,
     expected_sums,
-    expected_windows,
     keyed_processor,
     read_output,
     tuning,
     write_event_input,
     write_keyed_input,
-    written_windows,
+    written_panes,
 )
 
 DRAIN_SECONDS = 60.0
 """The run must drain within this long after the nemesis's final heal: a GetRows call
 stuck on a connection that a cut left half-open would hold it longer."""
 
-JOBS = ("keyed_sum", "windows", "pipeline")
+JOBS = ("keyed_sum", "panes", "pipeline")
 
 MAP_SECONDS = 0.2
 """A mapper's pause per batch of 1,000 rows while the nemesis runs: 5,000 rows a second."""
@@ -86,25 +86,25 @@ def keyed_sum(directory: Path, seed: int, gate: Path, rows: int) -> Job:
     return job
 
 
-def windows(directory: Path, seed: int, gate: Path, rows: int) -> Job:
-    """Tumbling one-minute windows into a Parquet sink; exact against pyarrow, none late."""
+def panes(directory: Path, seed: int, gate: Path, rows: int) -> Job:
+    """Tumbling one-minute panes into a Parquet sink; exact against pyarrow, none late."""
     data = write_event_input(directory / "in", rows, disorder_ms=EVENT_DISORDER_MS, seed=seed)
     state = directory / "state.db"
     sink = ParquetSink(f"sqlite:///{state}", "per-minute", str(directory / "out"))
     processor = ms.Processor(
-        mapper=GatedWindowMapper,
-        reducer=ms.windows.WindowReducer,
+        mapper=GatedPaneMapper,
+        reducer=ms.event_time.PaneReducer,
         input=ms.inputs.ParquetLog(str(data)),
         store=f"sqlite:///{state}",
         num_reducers=2,
-        config={"windows": EVENT_WINDOWS, "gate": str(gate), "map_seconds": MAP_SECONDS},
+        config={"panes": EVENT_PANES, "gate": str(gate), "map_seconds": MAP_SECONDS},
         outputs=[sink],
         tuning=_tune(directory),
     )
 
     def check() -> None:
-        assert ms.windows.late_rows(processor) == 0, "rows dropped as late"
-        assert written_windows(sink) == expected_windows(data), "windows differ"
+        assert ms.event_time.late_rows(processor) == 0, "rows dropped as late"
+        assert written_panes(sink) == expected_panes(data), "panes differ"
 
     return Job([processor], check, rows)
 
@@ -143,7 +143,7 @@ def pipeline(directory: Path, seed: int, gate: Path, rows: int) -> Job:
 
 BUILDERS: dict[str, Callable[[Path, int, Path, int], Job]] = {
     "keyed_sum": keyed_sum,
-    "windows": windows,
+    "panes": panes,
     "pipeline": pipeline,
 }
 

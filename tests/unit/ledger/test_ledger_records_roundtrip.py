@@ -18,11 +18,11 @@ that covers it:
   :func:`test_spilled_rows_read_back_as_the_window_held_them`;
 - discovery entries ``("workers", role, i, guid)``, registrations and statuses
   ``("status", role, i)``: :func:`test_discovery_entries_and_statuses_read_back`;
-- window partials ``("~windows", "partial", g, start, key)``:
-  ``tests/unit/windows/test_partials_roundtrip.py``;
-- the window reducers' own records ``("~windows", r, what)`` (watermarks, the close,
-  the partials' schema, late rows, stored windows):
-  ``tests/unit/windows/test_window_records_roundtrip.py``;
+- event-time pane partials ``("~windows", "partial", g, start, key)``:
+  ``tests/unit/event_time/test_partials_roundtrip.py``;
+- the pane reducers' own records ``("~windows", r, what)`` (watermarks, the close,
+  the partials' schema, late rows, stored panes):
+  ``tests/unit/event_time/test_pane_records_roundtrip.py``;
 - store-queue rows, schema, bounds and producer records ``QUEUES + (name, p, ...)``:
   ``tests/unit/inputs/test_queue_records_roundtrip.py``;
 - Parquet sink file records ``SINKS + (name, "file", f)`` (the files a commit

@@ -1,13 +1,13 @@
-"""The windowed aggregation's reducer: merges partials of open windows, follows the
-watermark, emits each window once when it closes.
+"""The event-time aggregation's stored reducer: merges partials of open panes, kept in
+the store, follows the watermark, emits each pane once when it closes.
 
 State, kept in memory and written in every commit (in the output keyspace, so it commits
-with the reducer's indices or not at all; layout in :mod:`millstream.windows.stored`): the
-partials of open windows under their keys' key groups (only the keys a batch changed are
-written, and a window's keys are cleared when it is emitted), and under the reducer's
-index its watermarks (the latest event time each mapper reported; every reducer gets
-every watermark row), the watermark windows were last closed at, the partials' schema and
-the rows dropped because their window had been emitted.
+with the reducer's indices or not at all; layout in :mod:`millstream.event_time.store_layout`):
+the partials of open panes under their keys' key groups (only the keys a batch changed are
+written, and a pane's keys are cleared when it is emitted), and under the reducer's index
+its watermarks (the latest event time reported from each input partition; every reducer
+gets every watermark row), the watermark panes were last closed at, the partials' schema
+and the rows dropped because their pane had been emitted.
 
 The memory copy is the store's as of the last commit: after a commit that failed, or one
 whose outcome is unknown, it is read again from the store before the next batch.
@@ -22,25 +22,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream.api import Reducer, Transaction
+from millstream.event_time import store_layout
+from millstream.event_time.aggregation import UsesPanes
+from millstream.event_time.combiner import PARTITION, WATERMARK
+from millstream.event_time.partials import START, Plan, finish, merge
+from millstream.event_time.store_layout import own_key, partials_key
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import OUTPUT
 from millstream.state.keys import decode_int64, pack
-from millstream.windows import stored
-from millstream.windows.mapper import MAPPER, WATERMARK
-from millstream.windows.partials import START, Plan, finish, merge
-from millstream.windows.spec import UsesWindows
-from millstream.windows.stored import own_key, partials_key
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
 
 _NO_TIME = -(2**63)
 _END_OF_TIME = 2**62
-"""The watermark once every mapper drained: past every window (and still adds safely)."""
+"""The watermark once every partition drained: past every pane (and still adds safely)."""
 
 
 class _State:
-    """Open windows' partials, the mappers' watermarks, the watermark windows were last
+    """Open panes' partials, the partitions' watermarks, the watermark panes were last
     closed at (None: none closed yet) and the time column's type."""
 
     def __init__(
@@ -56,16 +56,16 @@ class _State:
         self.closed = closed
 
 
-class WindowReducer(Reducer, UsesWindows):
-    """Merges the partials of :class:`~millstream.windows.WindowMapper` per window and key
-    and emits every window once, when the watermark passes its end by the lateness (or
-    when the processor drains), to the output ``Windows.output`` names.
+class PaneReducer(Reducer, UsesPanes):
+    """Merges the partials of :class:`~millstream.event_time.PaneMapper` per pane and key
+    and emits every pane once, when the watermark passes its end by the lateness (or when
+    the processor drains), to the output ``Panes.output`` names.
 
-    The watermark is the smallest, over the mappers that may still send rows, of the
-    latest event time each has read: a mapper that has sent nothing yet, or is down, holds
-    every window open until it reports (as in Flink, an idle input holds the watermark); a
-    mapper that drained (its input ended and every reducer committed its rows) no longer
-    counts.
+    The watermark is the smallest, over the input partitions that may still send rows, of
+    the latest event time read from each: a partition that has sent nothing yet, or whose
+    mapper is down, holds every pane open until it reports (as in Flink, an idle input
+    holds the watermark); a partition that drained (its input ended and every reducer
+    committed its rows) no longer counts.
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -80,18 +80,18 @@ class WindowReducer(Reducer, UsesWindows):
     # -- the store copy ----------------------------------------------------------------------
 
     def _load(self, txn: Transaction, plan: Plan) -> _State:
-        marks = stored.read_marks(txn, self._space("watermarks"))
-        closed = stored.read_int(txn, self._space("closed"))
-        schema = stored.read_schema(txn, self.spec.index)
+        marks = store_layout.read_marks(txn, self._space("watermarks"))
+        closed = store_layout.read_int(txn, self._space("closed"))
+        schema = store_layout.read_schema(txn, self.spec.index)
         if schema is None:
             return _State(None, marks, None, closed)
         groups = [partials_key(g) for g in self.spec.key_group_range]
-        open_ = stored.read(txn, groups, plan, schema)
+        open_ = store_layout.read(txn, groups, plan, schema)
         # An earlier layout kept the partials under the reducer's index: move them.
-        legacy = stored.read(txn, [self._space("partial")], plan, schema)
+        legacy = store_layout.read(txn, [self._space("partial")], plan, schema)
         if legacy.num_rows:
             txn.clear_prefix(self._space("partial"))
-            stored.write(txn, legacy, plan, self.spec.key_groups)
+            store_layout.write(txn, legacy, plan, self.spec.key_groups)
             open_ = pa.concat_tables([open_, legacy])
         return _State(open_, marks, schema.field(WATERMARK).type, closed)
 
@@ -106,16 +106,16 @@ class WindowReducer(Reducer, UsesWindows):
     # -- reduce ------------------------------------------------------------------------------
 
     def reduce(self, batch: pa.RecordBatch, txn: Transaction) -> None:
-        windows = self.windows
-        plan = Plan.of(windows)
+        panes = self.panes
+        plan = Plan.of(panes)
         state = self._current(txn, plan)
         table = pa.Table.from_batches([batch])
-        is_mark = pc.is_valid(table[MAPPER])
+        is_mark = pc.is_valid(table[PARTITION])
         marks_rows = table.filter(is_mark)
-        partials = table.filter(pc.invert(is_mark)).drop_columns([MAPPER, WATERMARK])
+        partials = table.filter(pc.invert(is_mark)).drop_columns([PARTITION, WATERMARK])
         kind = state.kind or table.schema.field(WATERMARK).type
-        size, _, lateness = windows.ticks(kind)
-        # Windows closed so far are exactly those the last committed close passed.
+        size, _, lateness = panes.ticks(kind)
+        # Panes closed so far are exactly those the last committed close passed.
         closed_before = state.closed
         late = 0
         if closed_before is not None and partials.num_rows:
@@ -125,18 +125,18 @@ class WindowReducer(Reducer, UsesWindows):
             partials = partials.filter(keep)
         marks = dict(state.marks)
         if marks_rows.num_rows:
-            got = marks_rows.group_by(MAPPER, use_threads=False).aggregate([(WATERMARK, "max")])
-            for m, t in zip(
-                got[MAPPER].to_pylist(),
+            got = marks_rows.group_by(PARTITION, use_threads=False).aggregate([(WATERMARK, "max")])
+            for p, t in zip(
+                got[PARTITION].to_pylist(),
                 pc.cast(got[f"{WATERMARK}_max"], pa.int64()).to_pylist(),
                 strict=True,
             ):
-                marks[int(m)] = max(marks.get(int(m), _NO_TIME), int(t))
+                marks[int(p)] = max(marks.get(int(p), _NO_TIME), int(t))
         parts = [p for p in (state.open, partials) if p is not None and p.num_rows]
         merged = merge(parts, plan) if parts else partials
         watermark = self._watermark(marks)
         if watermark is not None and state.closed is not None:
-            watermark = max(watermark, state.closed)  # never reopens a closed window
+            watermark = max(watermark, state.closed)  # never reopens a closed pane
         if watermark is None:
             watermark = state.closed
         if watermark is not None and merged.num_rows:
@@ -146,8 +146,8 @@ class WindowReducer(Reducer, UsesWindows):
         done = merged.filter(closing)
         still_open = merged.filter(pc.invert(closing))
         if done.num_rows:
-            self._emit(txn, finish(done, windows, plan, kind))
-            stored.clear(txn, done, plan, self.spec.key_groups)
+            self._emit(txn, finish(done, panes, plan, kind))
+            store_layout.clear(txn, done, plan, self.spec.key_groups)
         changed = still_open
         if partials.num_rows:
             touched = partials.select([START, plan.key])
@@ -156,11 +156,11 @@ class WindowReducer(Reducer, UsesWindows):
                 [START, plan.key],
                 join_type="inner",
             )
-        stored.write(txn, changed, plan, self.spec.key_groups)
+        store_layout.write(txn, changed, plan, self.spec.key_groups)
         if state.kind is None:
             schema = merged.schema.append(pa.field(WATERMARK, kind))
             txn.set(self._space("schema"), schema.serialize().to_pybytes())
-        txn.set(self._space("watermarks"), stored.pack_marks(marks))
+        txn.set(self._space("watermarks"), store_layout.pack_marks(marks))
         if late:
             txn.add(self._space("late"), late)
         if watermark is not None and watermark != state.closed:
@@ -169,17 +169,18 @@ class WindowReducer(Reducer, UsesWindows):
         self.late_rows += late
 
     def _watermark(self, marks: dict[int, int]) -> int | None:
-        """The smallest latest event time over the mappers that may still send rows (None
-        while one of them has reported nothing); past every window once all drained."""
-        waiting = [m for m in range(self.spec.num_partitions) if m not in self.drained_mappers]
+        """The smallest latest event time over the partitions that may still send rows
+        (None while one of them has reported nothing); past every pane once all drained."""
+        drained = self.drained_partitions
+        waiting = [p for p in range(self.spec.num_partitions) if p not in drained]
         if not waiting:
             return _END_OF_TIME
-        if any(m not in marks for m in waiting):
+        if any(p not in marks for p in waiting):
             return None
-        return min(marks[m] for m in waiting)
+        return min(marks[p] for p in waiting)
 
     def _emit(self, txn: Transaction, results: pa.Table) -> None:
-        txn.emit(self.windows.output, results)
+        txn.emit(self.panes.output, results)
 
     def on_commit(self) -> None:
         if self._pending is not None:
@@ -188,27 +189,27 @@ class WindowReducer(Reducer, UsesWindows):
     @classmethod
     def on_rescale(cls, txn: Transaction, old_reducers: int, new_reducers: int) -> None:
         """Hand the old reducers' watermarks to the new ones
-        (:func:`~millstream.windows.stored.hand_over`); open windows' partials stay under
-        their key groups.
+        (:func:`~millstream.event_time.store_layout.hand_over`); open panes' partials stay
+        under their key groups.
 
         Raises:
             ConfigurationError: Partials are still stored per reducer (an earlier layout).
         """
         if any(txn.get_range(own_key(r, "partial"), limit=1) for r in range(old_reducers)):
             raise ConfigurationError(
-                "this processor's window partials are stored per reducer, as an earlier "
+                "this processor's pane partials are stored per reducer, as an earlier "
                 "release kept them: start the processor once with this release (its "
                 "reducers move them under their key groups), stop it, then rescale"
             )
-        stored.hand_over(txn, old_reducers, new_reducers)
+        store_layout.hand_over(txn, old_reducers, new_reducers)
 
     def drain(self, txn: Transaction) -> None:
-        """The end of input closes every window still open."""
-        windows = self.windows
-        plan = Plan.of(windows)
+        """The end of input closes every pane still open."""
+        panes = self.panes
+        plan = Plan.of(panes)
         state = self._current(txn, plan)
         if state.open is not None and state.open.num_rows and state.kind is not None:
-            self._emit(txn, finish(state.open, windows, plan, state.kind))
+            self._emit(txn, finish(state.open, panes, plan, state.kind))
             for g in self.spec.key_group_range:
                 txn.clear_prefix(partials_key(g))
         txn.set(self._space("closed"), pack((_END_OF_TIME,)))
@@ -221,7 +222,7 @@ class WindowReducer(Reducer, UsesWindows):
 
 
 def late_rows(processor: Processor) -> int:
-    """Rows the processor's window reducers dropped because their window had been emitted."""
+    """Rows the processor's pane reducers dropped because their pane had been emitted."""
     store = processor.open_store()
     try:
         with store.read() as txn:

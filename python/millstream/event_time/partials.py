@@ -1,9 +1,9 @@
-"""Partial aggregates in Arrow: assign rows to windows, combine, merge, finish, encode.
+"""Partial aggregates in Arrow: assign rows to panes, combine, merge, finish, encode.
 
 A *partial* is what can be merged without the rows: a count, a sum, a minimum, a maximum
 (a mean is a sum and a count). Mappers combine the rows of one batch into partials per
-``(window_start, key)``; reducers merge partials with group-bys and finish them into the
-aggregates when a window closes. No Python loop runs per key or per row.
+``(pane start, key)``; reducers merge partials with group-bys and finish them into the
+aggregates when a pane closes. No Python loop runs per key or per row.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream import _core
+from millstream.event_time.aggregation import Panes
 from millstream.exceptions import ConfigurationError
-from millstream.windows.spec import Windows
 
 START = "window_start"
+"""The column of a pane's start (the name earlier releases wrote, kept for the output)."""
 END = "window_end"
+"""The column of a pane's end, in the output."""
 GLOBAL_KEY = "key"
 """The key column's name when the aggregation has no key (one global key, 0)."""
 
@@ -27,7 +29,7 @@ _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 
 
 def _is_key_type(kind: pa.DataType) -> bool:
-    """Key types the windows group, sort, route and store (as tuple-key elements)."""
+    """Key types the panes group, sort, route and store (as tuple-key elements)."""
     return bool(
         pa.types.is_integer(kind)
         or kind in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
@@ -48,11 +50,11 @@ class Plan:
     key: str
 
     @classmethod
-    def of(cls, windows: Windows) -> Plan:
-        """The partials ``windows``' aggregates need (aggregated columns have no nulls, so
+    def of(cls, panes: Panes) -> Plan:
+        """The partials ``panes``' aggregates need (aggregated columns have no nulls, so
         every count is a count of rows)."""
         needed: dict[tuple[str | None, str], str] = {}
-        for column, function in windows.aggregates.values():
+        for column, function in panes.aggregates.values():
             if function == "count":
                 parts: list[tuple[str | None, str]] = [(None, "count")]
             elif function == "mean":
@@ -62,7 +64,7 @@ class Plan:
             for part in parts:
                 needed.setdefault(part, f"_p{len(needed)}")
         partials = tuple((name, column, fn) for (column, fn), name in needed.items())
-        return cls(partials, windows.key or GLOBAL_KEY)
+        return cls(partials, panes.key or GLOBAL_KEY)
 
     def name(self, column: str | None, function: str) -> str:
         for name, source, fn in self.partials:
@@ -76,8 +78,8 @@ class Plan:
         return [name for name, _, _ in self.partials]
 
 
-def window_starts(ticks: np.ndarray, size: int, slide: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(row, start)`` of every window each row belongs to: ``size // slide`` per row."""
+def pane_starts(ticks: np.ndarray, size: int, slide: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(row, start)`` of every pane each row belongs to: ``size // slide`` per row."""
     base = (ticks // slide) * slide
     per_row = size // slide
     rows = np.repeat(np.arange(len(ticks)), per_row)
@@ -102,8 +104,8 @@ def time_ticks(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, int, pa.DataType]:
-    """Rows to partials per ``(window_start, key)``; also the largest event time and the
+def combine(table: pa.Table, panes: Panes, plan: Plan) -> tuple[pa.Table, int, pa.DataType]:
+    """Rows to partials per ``(pane start, key)``; also the largest event time and the
     time column's type.
 
     Raises:
@@ -113,30 +115,30 @@ def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, in
     """
     missing = [
         c
-        for c in [windows.time, windows.key, *(src for _, src, _ in plan.partials)]
+        for c in [panes.time, panes.key, *(src for _, src, _ in plan.partials)]
         if c is not None and c not in table.column_names
     ]
     if missing:
         raise ConfigurationError(
             f"the rows have no column(s) {missing}; they have {table.column_names}"
         )
-    kind = table.schema.field(windows.time).type
-    size, slide, _ = windows.ticks(kind)
-    ticks = time_ticks(table[windows.time])
-    rows, starts = window_starts(ticks, size, slide)
+    kind = table.schema.field(panes.time).type
+    size, slide, _ = panes.ticks(kind)
+    ticks = time_ticks(table[panes.time])
+    rows, starts = pane_starts(ticks, size, slide)
     columns: dict[str, pa.Array | np.ndarray] = {START: starts}
     picked = pa.array(rows)
-    if windows.key is None:
+    if panes.key is None:
         columns[plan.key] = np.zeros(len(rows), dtype=np.int64)
     else:
-        key_type = table.schema.field(windows.key).type
+        key_type = table.schema.field(panes.key).type
         if not _is_key_type(key_type):
             raise ConfigurationError(
-                f"the key column {windows.key!r} is {key_type}: window keys are integers, "
+                f"the key column {panes.key!r} is {key_type}: pane keys are integers, "
                 "strings or binaries (string, large_string, binary, large_binary); cast it "
-                "in WindowMapper.prepare()"
+                "in PaneMapper.prepare()"
             )
-        columns[plan.key] = table[windows.key].take(picked)
+        columns[plan.key] = table[panes.key].take(picked)
     aggregations: list[tuple[str | list[str], str]] = []
     for name, source, function in plan.partials:
         if source is None:
@@ -148,7 +150,7 @@ def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, in
             raise ConfigurationError(refused)
         if values.null_count:
             raise ConfigurationError(
-                f"column {source!r} has nulls; the window aggregates take columns without nulls"
+                f"column {source!r} has nulls; the pane aggregates take columns without nulls"
             )
         columns[name] = values.take(picked)
         aggregations.append((name, function))
@@ -165,7 +167,7 @@ def combine(table: pa.Table, windows: Windows, plan: Plan) -> tuple[pa.Table, in
 
 
 def merge(parts: list[pa.Table], plan: Plan) -> pa.Table:
-    """Partials of the same ``(window_start, key)`` merged into one row each."""
+    """Partials of the same ``(pane start, key)`` merged into one row each."""
     table = pa.concat_tables(parts, promote_options="permissive")
     grouped = table.group_by([START, plan.key], use_threads=False).aggregate(
         [(name, _MERGE[function]) for name, _, function in plan.partials]
@@ -175,19 +177,19 @@ def merge(parts: list[pa.Table], plan: Plan) -> pa.Table:
     )
 
 
-def finish(partials: pa.Table, windows: Windows, plan: Plan, kind: pa.DataType) -> pa.Table:
-    """The aggregates of closed windows: ``window_start, window_end, key, *aggregates``,
-    ordered by window and key."""
-    size, _, _ = windows.ticks(kind)
+def finish(partials: pa.Table, panes: Panes, plan: Plan, kind: pa.DataType) -> pa.Table:
+    """The aggregates of closed panes: ``window_start, window_end, key, *aggregates``,
+    ordered by pane and key."""
+    size, _, _ = panes.ticks(kind)
     ordered = partials.sort_by([(START, "ascending"), (plan.key, "ascending")])
     starts = ordered[START].combine_chunks()
     ends = pc.add(starts, size)
     if pa.types.is_timestamp(kind):
         starts, ends = starts.cast(kind), ends.cast(kind)
     columns: dict[str, pa.Array | pa.ChunkedArray] = {START: starts, END: ends}
-    if windows.key is not None:
-        columns[windows.key] = ordered[plan.key]
-    for out, (column, function) in windows.aggregates.items():
+    if panes.key is not None:
+        columns[panes.key] = ordered[plan.key]
+    for out, (column, function) in panes.aggregates.items():
         if function == "mean":
             # A sum past 2**53 has no exact float64: the mean rounds it, as pyarrow's does.
             total = pc.cast(ordered[plan.name(column, "sum")], pa.float64(), safe=False)
@@ -198,7 +200,7 @@ def finish(partials: pa.Table, windows: Windows, plan: Plan, kind: pa.DataType) 
         else:
             columns[out] = ordered[plan.name(column, function)]
     result = pa.table(columns)
-    return windows.finish(result) if windows.finish is not None else result
+    return panes.finish(result) if panes.finish is not None else result
 
 
 def key_groups_of(table: pa.Table, plan: Plan, key_groups: int) -> np.ndarray:
@@ -212,7 +214,7 @@ def key_groups_of(table: pa.Table, plan: Plan, key_groups: int) -> np.ndarray:
 
 
 def value_type_error(column: str, kind: pa.DataType, function: str) -> str | None:
-    """Why the windows cannot aggregate a ``column`` of type ``kind`` with ``function``
+    """Why the panes cannot aggregate a ``column`` of type ``kind`` with ``function``
     (None: they can, and its partial round-trips through the store exactly).
 
     Every partial is stored in 8 bytes, bit for bit: integers of any width, float32 and
@@ -226,16 +228,16 @@ def value_type_error(column: str, kind: pa.DataType, function: str) -> str | Non
             return None
         advice = "aggregate it with min or max, or cast it to int64 ticks in prepare()"
     elif pa.types.is_float16(kind):
-        advice = "cast it to float32 in WindowMapper.prepare()"
+        advice = "cast it to float32 in PaneMapper.prepare()"
     elif pa.types.is_decimal(kind):
         advice = (
-            "cast it in WindowMapper.prepare() to float64, or to int64 in its smallest unit "
+            "cast it in PaneMapper.prepare() to float64, or to int64 in its smallest unit "
             "(cents, for example) to keep it exact"
         )
     else:
-        advice = "cast it to int64 or float64 in WindowMapper.prepare()"
+        advice = "cast it to int64 or float64 in PaneMapper.prepare()"
     return (
-        f"column {column!r} is {kind}: the window aggregates cannot store its {function} "
+        f"column {column!r} is {kind}: the pane aggregates cannot store its {function} "
         "exactly (they take integers, float32, float64, booleans, and timestamps for min "
         f"and max): {advice}"
     )

@@ -1,16 +1,16 @@
-"""Windowed aggregation: millstream's two-stage pipeline against Spark Structured Streaming.
+"""Event-time aggregation: millstream's two-stage pipeline against Spark Structured Streaming.
 
 Input: ``--rows`` events ``(ts int64 epoch ms, key int64, value int64)`` in ``--partitions``
 Parquet partitions of ``--file-rows`` rows per file, about ``--rate`` events a second per
 partition, each up to ``--disorder-ms`` out of order, ``--keys`` distinct keys.
 
-Query: per tumbling one-minute window of ``ts`` and per key, the row count and the sum of
-``value``; rows may be ``--disorder-ms`` late.
+Query: per tumbling one-minute pane of ``ts`` (Spark calls it a window) and per key, the
+row count and the sum of ``value``; rows may be ``--disorder-ms`` late.
 
-- **millstream**: stage one is ``ms.windows`` (:class:`~millstream.windows.WindowMapper`,
-  :class:`~millstream.windows.WindowReducer`) emitting each closed window's rows into the
+- **millstream**: stage one is ``ms.event_time`` (:class:`~millstream.event_time.PaneMapper`,
+  :class:`~millstream.event_time.PaneReducer`) emitting each closed pane's rows into the
   store queue ``per-minute``, in its commits; stage two reads the queue and writes each
-  ``(window, key)`` result under ``("result", window_start, key)``. Both run side by side
+  ``(pane, key)`` result under ``("result", window_start, key)``. Both run side by side
   (``ms.run_local_pipeline``), default ``Tuning``, embedded SQLite store.
 - **Spark**: ``withWatermark("ts", disorder)`` then ``groupBy(window("ts", "1 minute"),
   "key").agg(count, sum)``, output mode ``update``, ``foreachBatch`` into an idempotent
@@ -20,11 +20,11 @@ Query: per tumbling one-minute window of ``ts`` and per key, the row count and t
 
 Each system runs in a child process whose whole process tree is measured from outside
 (:mod:`bench.io_meter`: ``write_bytes`` of ``/proc/<pid>/io``, net of cancelled writes);
-both results are compared with the windows pyarrow computes alone. Reported: seconds from
+both results are compared with the panes pyarrow computes alone. Reported: seconds from
 launch to done and bytes written per input byte (the input's Parquet bytes).
 
-Run: ``.venv/bin/python -m bench.windows --rows 2000000`` (``--system millstream`` or
-``spark`` for one of them). Results go to ``bench/results/windows/``.
+Run: ``.venv/bin/python -m bench.event_time --rows 2000000`` (``--system millstream`` or
+``spark`` for one of them). Results go to ``bench/results/event_time/``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 from bench.io_meter import run_subprocess
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results" / "windows"
+RESULTS = REPO / "bench" / "results" / "event_time"
 MINUTE = 60_000
 
 
@@ -108,17 +108,17 @@ def expected(data: Path) -> dict[tuple[int, int], tuple[int, int]]:
 
 
 REDUCERS = {
-    "stored": "WindowReducer",
-    "pending": "PendingWindowReducer",
+    "stored": "PaneReducer",
+    "pending": "PendingPaneReducer",
 }
 
 
 def per_minute(disorder_ms: int) -> Any:
-    """The query's windows: per tumbling minute of ``ts`` and per key, the row count
+    """The query's panes: per tumbling minute of ``ts`` and per key, the row count
     ``n`` and the sum ``total`` of ``value``, into the output ``per-minute``."""
     import millstream as ms
 
-    return ms.windows.Windows(
+    return ms.event_time.Panes(
         time="ts",
         key="key",
         size=MINUTE,
@@ -132,24 +132,24 @@ def millstream_child(args: argparse.Namespace) -> None:
     """Run the two-stage pipeline to the end; write the results as JSON."""
     import millstream as ms
 
-    from bench.windows_jobs import ByWindow, ResultsIntoStore, decode_result
+    from bench.event_time_jobs import ByPane, ResultsIntoStore, decode_result
 
     run_dir = Path(args.run_dir)
     store = f"sqlite:///{run_dir / 'state.db'}"
     queue = ms.inputs.StoreQueue(store, "per-minute", num_partitions=2)
-    windows = per_minute(args.disorder_ms)
+    panes = per_minute(args.disorder_ms)
     first = ms.Processor(
-        mapper=ms.windows.WindowMapper,
-        reducer=getattr(ms.windows, REDUCERS[args.reducer]),
+        mapper=ms.event_time.PaneMapper,
+        reducer=getattr(ms.event_time, REDUCERS[args.reducer]),
         input=ms.inputs.ParquetLog(args.input),
         store=store,
         num_reducers=2,
-        name="windows",
-        config={"windows": windows},
+        name="panes",
+        config={"panes": panes},
         outputs=[queue],
     )
     second = ms.Processor(
-        mapper=ByWindow,
+        mapper=ByPane,
         reducer=ResultsIntoStore,
         input=queue,
         store=store,
@@ -171,7 +171,7 @@ def millstream_child(args: argparse.Namespace) -> None:
 
 
 def spark_child(args: argparse.Namespace) -> None:
-    """Run the windowed query until every input row is in; write the results as JSON."""
+    """Run the event-time query until every input row is in; write the results as JSON."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType, StructField, StructType
 
@@ -254,7 +254,7 @@ def spark_delay_ms(args: argparse.Namespace) -> int:
     input, so a partition the file source reads later than another looks late and its
     rows are dropped (measured: inexact results at 2 M rows with the disorder as the
     delay). millstream's watermark is the smallest over mappers. A delay as long as the
-    input's span keeps Spark exact, and keeps its windows in its state store longer.
+    input's span keeps Spark exact, and keeps its windows (panes) in its state store longer.
     """
     if args.spark_delay_ms is not None:
         return int(args.spark_delay_ms)
@@ -274,7 +274,7 @@ def measure(system: str, data: Path, args: argparse.Namespace) -> dict[str, Any]
     command = [
         sys.executable,
         "-m",
-        "bench.windows",
+        "bench.event_time",
         "--child",
         system,
         "--input",
@@ -310,7 +310,7 @@ def measure(system: str, data: Path, args: argparse.Namespace) -> dict[str, Any]
         "written_per_input_byte": round(report.write_bytes / size, 4),
         "net_written_per_input_byte": round(report.net_write_bytes / size, 4),
         "input_bytes": size,
-        "windows": len(want),
+        "panes": len(want),
         "exact": got == want,
     }
 
@@ -333,8 +333,8 @@ def main() -> None:
         "--reducer",
         choices=sorted(REDUCERS),
         default="pending",
-        help="millstream's window reducer: open windows' partials stored with each commit "
-        "(WindowReducer) or pending in the mappers' windows (PendingWindowReducer)",
+        help="millstream's pane reducer: open panes' partials stored with each commit "
+        "(PaneReducer) or pending in the mappers' windows (PendingPaneReducer)",
     )
     parser.add_argument("--system", choices=("both", "millstream", "spark"), default="both")
     parser.add_argument("--child", choices=("millstream", "spark"), help=argparse.SUPPRESS)
@@ -357,7 +357,7 @@ def main() -> None:
         print(json.dumps(result), flush=True)
         results.append(result)
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    (RESULTS / f"windows-{args.rows}-{stamp}.json").write_text(json.dumps(results, indent=2))
+    (RESULTS / f"event_time-{args.rows}-{stamp}.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

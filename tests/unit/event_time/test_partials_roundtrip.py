@@ -1,10 +1,10 @@
-"""Window partials of every value type the windows accept round-trip through the store.
+"""Pane partials of every value type the panes accept round-trip through the store.
 
 Each round's rows are mapped to partials and reduced by a *new* reducer instance, as a
 reducer process restarted between every two rounds would be: everything open is read back
-from the store (``WindowReducer``) or stored at a hand-over and read back by the next owner
-(``PendingWindowReducer``). The windows emitted at the end must equal a model computed in
-plain Python over all rows at once, with the output types the windows document.
+from the store (``PaneReducer``) or stored at a hand-over and read back by the next owner
+(``PendingPaneReducer``). The panes emitted at the end must equal a model computed in
+plain Python over all rows at once, with the output types the panes document.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from millstream.event_time import store_layout
+from millstream.event_time.partials import Plan, decode, encode
 from millstream.exceptions import ConfigurationError
 from millstream.outputs import ParquetSink
 from millstream.state import open_store
-from millstream.windows import stored
-from millstream.windows.partials import Plan, decode, encode
 
 from tests.support.event_time import commit_round
 
 SIZE = 100
-"""Windows of 100 ticks; rows fall in three of them (event times 0..299)."""
+"""Panes of 100 ticks; rows fall in three of them (event times 0..299)."""
 
 INTEGERS = {
     "int8": pa.int8(),
@@ -50,7 +50,7 @@ TYPES: dict[str, pa.DataType] = {
     "timestamp": pa.timestamp("ms"),
     "timestamp_utc": pa.timestamp("us", tz="UTC"),
 }
-"""The value types the windows accept (timestamps for ``min`` and ``max`` only)."""
+"""The value types the panes accept (timestamps for ``min`` and ``max`` only)."""
 
 Row = tuple[int, int, Any, Any]
 """``(event time, key, x, y)``: ``x`` is aggregated by min and max, ``y`` by sum and mean."""
@@ -88,7 +88,7 @@ def cases(draw: st.DrawFn) -> tuple[str, list[list[Row]]]:
     return name, rounds
 
 
-def _windows(name: str) -> ms.windows.Windows:
+def _panes(name: str) -> ms.event_time.Panes:
     aggregates: dict[str, tuple[str | None, str]] = {
         "n": (None, "count"),
         "lo": ("x", "min"),
@@ -96,8 +96,8 @@ def _windows(name: str) -> ms.windows.Windows:
     }
     if _summable(TYPES[name]):
         aggregates |= {"total": ("y", "sum"), "avg": ("y", "mean")}
-    # No window closes before the input ends: every round reads every partial back.
-    return ms.windows.Windows(
+    # No pane closes before the input ends: every round reads every partial back.
+    return ms.event_time.Panes(
         time="ts", key="key", size=SIZE, lateness=10**6, aggregates=aggregates, output="w"
     )
 
@@ -136,20 +136,20 @@ def _extreme(values: list[Any], pick: Callable[[list[Any]], Any]) -> Any:
 
 
 def model(name: str, rows: list[Row]) -> dict[tuple[int, int], dict[str, Any]]:
-    """Every window's aggregates, from all rows at once, in plain Python."""
+    """Every pane's aggregates, from all rows at once, in plain Python."""
     kind = TYPES[name]
     groups: dict[tuple[int, int], list[Row]] = {}
     for row in rows:
         groups.setdefault(((row[0] // SIZE) * SIZE, row[1]), []).append(row)
     out = {}
-    for window, members in groups.items():
+    for pane, members in groups.items():
         xs = [x for _, _, x, _ in members]
         got: dict[str, Any] = {"n": len(members), "lo": _extreme(xs, min), "hi": _extreme(xs, max)}
         if _summable(kind):
             ys = [y for _, _, _, y in members]
             total = sum(ys) if pa.types.is_floating(kind) else _wrapped(sum(map(int, ys)), kind)
             got |= {"total": total, "avg": float(total) / len(members)}
-        out[window] = got
+        out[pane] = got
     return out
 
 
@@ -173,16 +173,14 @@ def _check(name: str, got: pa.Table, rows: list[Row]) -> None:
         (int(r["window_start"]), int(r["key"])): {c: r[c] for c in types} for r in got.to_pylist()
     }
     want = model(name, rows)
-    assert sorted(found) == sorted(want), "a window is missing or emitted twice"
-    for window, aggregates in want.items():
+    assert sorted(found) == sorted(want), "a pane is missing or emitted twice"
+    for pane, aggregates in want.items():
         for column, value in aggregates.items():
-            assert _same(found[window][column], value), (window, column, found[window], value)
+            assert _same(found[pane][column], value), (pane, column, found[pane], value)
 
 
-def _mapped(windows: ms.windows.Windows, table: pa.Table) -> pa.Table:
-    mapper = ms.windows.WindowMapper(
-        ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), {"windows": windows}
-    )
+def _mapped(panes: ms.event_time.Panes, table: pa.Table) -> pa.Table:
+    mapper = ms.event_time.PaneMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), {"panes": panes})
     return pa.Table.from_batches([mapper.map(table.to_batches()[0]).batch])
 
 
@@ -191,33 +189,33 @@ def _spec() -> ms.WorkerSpec:
 
 
 def run_stored(name: str, rounds: list[list[Row]], directory: Path) -> pa.Table:
-    """A ``WindowReducer`` started anew for every round and for the drain."""
-    windows = _windows(name)
+    """A ``PaneReducer`` started anew for every round and for the drain."""
+    panes = _panes(name)
     url = f"sqlite:///{directory / 'state.db'}"
     sink = ParquetSink(url, "w", str(directory / "out"))
     store = open_store(url, prefix=("p",))
     try:
         for rows in rounds:
-            batch = _mapped(windows, _table(name, rows)).combine_chunks().to_batches()[0]
-            reducer = ms.windows.WindowReducer(_spec(), {"windows": windows})
+            batch = _mapped(panes, _table(name, rows)).combine_chunks().to_batches()[0]
+            reducer = ms.event_time.PaneReducer(_spec(), {"panes": panes})
             commit_round(store, sink, lambda t, r=reducer, b=batch: r.reduce(b, t))
-        commit_round(store, sink, ms.windows.WindowReducer(_spec(), {"windows": windows}).drain)
+        commit_round(store, sink, ms.event_time.PaneReducer(_spec(), {"panes": panes}).drain)
     finally:
         store.close()
     return sink.read()
 
 
 def run_pending(name: str, rounds: list[list[Row]], directory: Path) -> pa.Table:
-    """A ``PendingWindowReducer`` that hands its pending partials over (stores them) after
+    """A ``PendingPaneReducer`` that hands its pending partials over (stores them) after
     every round but the last, each round's reducer a new one; the last round ends the
-    input, which closes every window: stored partials are merged with the fresh ones."""
-    windows = _windows(name)
+    input, which closes every pane: stored partials are merged with the fresh ones."""
+    panes = _panes(name)
     url = f"sqlite:///{directory / 'state.db'}"
     sink = ParquetSink(url, "w", str(directory / "out"))
     store = open_store(url, prefix=("p",))
     try:
         for i, rows in enumerate(rounds):
-            mapped = _mapped(windows, _table(name, rows))
+            mapped = _mapped(panes, _table(name, rows))
             last = i == len(rounds) - 1
             pending = ms.PendingRows(
                 mapped,
@@ -225,11 +223,11 @@ def run_pending(name: str, rounds: list[list[Row]], directory: Path) -> pa.Table
                 frozenset({0}) if last else frozenset(),
                 mapped.num_rows,
             )
-            reducer = ms.windows.PendingWindowReducer(_spec(), {"windows": windows})
+            reducer = ms.event_time.PendingPaneReducer(_spec(), {"panes": panes})
             step = reducer.process if last else reducer.hand_over
             commit_round(store, sink, lambda t, s=step, p=pending: s(p, t))
             assert pending.finished().to_pylist() == [True] * mapped.num_rows
-        drainer = ms.windows.PendingWindowReducer(_spec(), {"windows": windows})
+        drainer = ms.event_time.PendingPaneReducer(_spec(), {"panes": panes})
         commit_round(store, sink, drainer.drain)
     finally:
         store.close()
@@ -264,9 +262,9 @@ def test_every_aggregate_of_every_type_survives_a_restart_between_rounds(
 def test_partials_encode_and_decode_bit_for_bit(case: tuple[str, list[list[Row]]]) -> None:
     """The store's value of a partial row decodes to the same bits, type by type."""
     name, rounds = case
-    windows = _windows(name)
-    mapped = _mapped(windows, _table(name, [row for rows in rounds for row in rows]))
-    plan = Plan.of(windows)
+    panes = _panes(name)
+    mapped = _mapped(panes, _table(name, [row for rows in rounds for row in rows]))
+    plan = Plan.of(panes)
     partials = mapped.filter(pa.compute.is_null(mapped["_mapper"]))
     values = encode(partials, plan).to_pylist()
     back = decode(values, partials.schema, plan)
@@ -297,11 +295,11 @@ def _bits(column: pa.Array) -> list[Any]:
         (pa.date32(), "min", "int64"),
     ],
 )
-def test_a_value_type_the_windows_cannot_store_exactly_is_refused(
+def test_a_value_type_the_panes_cannot_store_exactly_is_refused(
     kind: pa.DataType, function: str, advice: str
 ) -> None:
     """On the mapper's first batch, naming the column, its type and what to do."""
-    windows = ms.windows.Windows(
+    panes = ms.event_time.Panes(
         time="ts", key="key", size=SIZE, aggregates={"a": ("v", function)}, output="w"
     )
     values = pa.array([1, 2], pa.int64())
@@ -315,12 +313,12 @@ def test_a_value_type_the_windows_cannot_store_exactly_is_refused(
         values = values.cast(kind)
     table = pa.table({"ts": pa.array([0, 1], pa.int64()), "key": [0, 0], "v": values})
     with pytest.raises(ConfigurationError, match=f"'v'.*{function}.*{advice}") as refused:
-        _mapped(windows, table)
+        _mapped(panes, table)
     assert str(kind) in str(refused.value)
 
 
 def test_nulls_in_an_aggregated_column_are_refused() -> None:
-    windows = _windows("float32")
+    panes = _panes("float32")
     table = pa.table(
         {
             "ts": pa.array([0, 1], pa.int64()),
@@ -330,24 +328,24 @@ def test_nulls_in_an_aggregated_column_are_refused() -> None:
         }
     )
     with pytest.raises(ConfigurationError, match="column 'x' has nulls"):
-        _mapped(windows, table)
+        _mapped(panes, table)
 
 
 def test_stored_partials_keep_their_schema_through_read(tmp_path: Path) -> None:
-    """``stored.write`` then ``stored.read`` of float32 partials: the same table."""
-    windows = _windows("float32")
-    plan = Plan.of(windows)
-    mapped = _mapped(windows, _table("float32", FLOAT32_MAX[0] + FLOAT32_MAX[1]))
+    """``store_layout.write`` then ``store_layout.read`` of float32 partials: the same table."""
+    panes = _panes("float32")
+    plan = Plan.of(panes)
+    mapped = _mapped(panes, _table("float32", FLOAT32_MAX[0] + FLOAT32_MAX[1]))
     partials = mapped.filter(pa.compute.is_null(mapped["_mapper"])).drop_columns(
         ["_mapper", "_watermark"]
     )
     schema = partials.schema.append(mapped.schema.field("_watermark"))
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}", prefix=("p",))
     txn = store.create_transaction()
-    stored.write(ms.Transaction(txn), partials, plan, 1)
+    store_layout.write(ms.Transaction(txn), partials, plan, 1)
     txn.commit()
     with store.read() as txn:
-        back = stored.read(ms.Transaction(txn), [stored.partials_key(0)], plan, schema)
+        back = store_layout.read(ms.Transaction(txn), [store_layout.partials_key(0)], plan, schema)
     store.close()
     assert back.schema == partials.schema
     assert back.sort_by("window_start").to_pylist() == partials.sort_by("window_start").to_pylist()
@@ -358,12 +356,12 @@ def test_stored_partials_keep_their_schema_through_read(tmp_path: Path) -> None:
     [pa.array(["a", "b"]).dictionary_encode(), pa.array(["a", "b"], pa.string_view())],
     ids=["dictionary", "string_view"],
 )
-def test_a_key_type_the_windows_cannot_group_and_store_is_refused(keys: pa.Array) -> None:
+def test_a_key_type_the_panes_cannot_group_and_store_is_refused(keys: pa.Array) -> None:
     """On the mapper's first batch, not later in a reducer (these failed in Arrow's
     sort or take, with an error that named neither the column nor a fix)."""
-    windows = ms.windows.Windows(
+    panes = ms.event_time.Panes(
         time="ts", key="key", size=SIZE, aggregates={"n": (None, "count")}, output="w"
     )
     table = pa.table({"ts": pa.array([0, 1], pa.int64()), "key": keys})
     with pytest.raises(ConfigurationError, match=r"key column 'key' is .*cast it"):
-        _mapped(windows, table)
+        _mapped(panes, table)

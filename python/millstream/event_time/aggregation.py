@@ -1,8 +1,9 @@
-"""What a windowed aggregation computes: windows over a time column, a key, aggregates."""
+"""What an event-time aggregation computes: panes over a time column, a key, aggregates."""
 
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,25 +21,27 @@ column, converted to its unit)."""
 
 
 @dataclass(frozen=True)
-class Windows:
-    """A windowed aggregation per key over event time, emitted once per closed window.
+class Panes:
+    """An aggregation per key over panes of event time, emitted once per closed pane.
 
-    Rows are assigned to windows by their ``time`` column: tumbling windows
-    ``[k * size, (k + 1) * size)`` when ``slide`` is None, else sliding windows of
-    ``size`` starting every ``slide``. Per window and key, ``aggregates`` are computed;
-    a window is emitted, once, when the watermark (the smallest over mappers of the latest
-    event time each has read) passes its end by ``lateness``. A row that arrives for a
-    window already emitted is dropped (``WindowReducer`` counts them: ``late_rows``). When
-    every mapper's input ended, every window still open is emitted.
+    A *pane* is a stretch ``[start, start + size)`` of event time (what stream processors
+    often call an event-time window; millstream's *window* is the mapper's buffer of mapped
+    rows). Rows are assigned to panes by their ``time`` column: tumbling panes
+    ``[k * size, (k + 1) * size)`` when ``slide`` is None, else sliding panes of ``size``
+    starting every ``slide``. Per pane and key, ``aggregates`` are computed; a pane is
+    emitted, once, when the watermark (the smallest over input partitions of the latest
+    event time read from each) passes its end by ``lateness``. A row that arrives for a
+    pane already emitted is dropped (``PaneReducer`` counts them: ``late_rows``). When
+    every partition's input ended, every pane still open is emitted.
 
     Args:
         time: The event-time column: int64 (ticks of your choice, e.g. epoch
             milliseconds) or a timestamp.
         key: The key column (integers, string, large_string, binary or large_binary);
             ``None``: one global key.
-        size: The window's length.
-        slide: Sliding windows start every ``slide`` (which divides ``size``); None:
-            tumbling windows.
+        size: The pane's length.
+        slide: Sliding panes start every ``slide`` (which divides ``size``); None:
+            tumbling panes.
         lateness: How far behind the watermark a row may be and still count.
         aggregates: Output column -> ``(input column, function)``, function one of
             ``count``, ``sum``, ``min``, ``max``, ``mean`` (``count`` may take ``None`` as
@@ -48,9 +51,10 @@ class Windows:
             column's type, ``sum`` is int64 (signed integers), uint64 (unsigned integers,
             booleans) or float64 (floats), ``mean`` float64, ``count`` int64.
         output: Name of the processor output (a ``StoreQueue`` or a ``ParquetSink`` in
-            ``Processor(outputs=...)``) the closed windows go to, as rows
-            ``(window_start, window_end, key, *aggregates)``.
-        finish: A user function applied to each table of closed windows before it is
+            ``Processor(outputs=...)``) the closed panes go to, as rows
+            ``(window_start, window_end, key, *aggregates)`` (the columns keep the names
+            earlier releases wrote).
+        finish: A user function applied to each table of closed panes before it is
             emitted (derived columns, filters); it must return a table.
     """
 
@@ -65,7 +69,7 @@ class Windows:
 
     def __post_init__(self) -> None:
         if not self.aggregates:
-            raise ConfigurationError("Windows needs at least one aggregate")
+            raise ConfigurationError("Panes needs at least one aggregate")
         for name, (column, function) in self.aggregates.items():
             if function not in FUNCTIONS:
                 raise ConfigurationError(
@@ -89,7 +93,7 @@ class Windows:
 
     @property
     def tumbling(self) -> bool:
-        """Whether windows do not overlap."""
+        """Whether panes do not overlap."""
         return self.slide is None
 
     def ticks(self, kind: pa.DataType) -> tuple[int, int, int]:
@@ -132,23 +136,38 @@ def _ticks(span: Span, kind: pa.DataType, what: str) -> int:
     )
 
 
-class UsesWindows:
-    """The windows' mapper and reducers: the aggregation they compute, from the
-    processor's ``config["windows"]``."""
+CONFIG_KEY = "panes"
+"""The processor's ``config`` entry holding the :class:`Panes`."""
+
+OLD_CONFIG_KEY = "windows"
+"""The entry earlier releases read (still read, with a :class:`DeprecationWarning`)."""
+
+
+class UsesPanes:
+    """The panes' mapper and reducers: the aggregation they compute, from the
+    processor's ``config["panes"]``."""
 
     config: Mapping[str, Any]
 
     @property
-    def windows(self) -> Windows:
-        """The aggregation, from ``config["windows"]``.
+    def panes(self) -> Panes:
+        """The aggregation, from ``config["panes"]`` (or, deprecated, ``config["windows"]``).
 
         Raises:
-            ConfigurationError: ``config["windows"]`` is missing or not a ``Windows``.
+            ConfigurationError: The entry is missing or not a ``Panes``.
         """
-        windows = self.config.get("windows")
-        if not isinstance(windows, Windows):
-            raise ConfigurationError(
-                "a windowed processor needs config={'windows': ms.windows.Windows(...)}, "
-                f"got {windows!r}"
+        panes = self.config.get(CONFIG_KEY)
+        if panes is None and OLD_CONFIG_KEY in self.config:
+            warnings.warn(
+                "config={'windows': ...} is deprecated: name the aggregation "
+                "config={'panes': ms.event_time.Panes(...)}",
+                DeprecationWarning,
+                stacklevel=2,
             )
-        return windows
+            panes = self.config[OLD_CONFIG_KEY]
+        if not isinstance(panes, Panes):
+            raise ConfigurationError(
+                "an event-time processor needs config={'panes': ms.event_time.Panes(...)}, "
+                f"got {panes!r}"
+            )
+        return panes

@@ -1,4 +1,4 @@
-"""The window reducers' stored state: open windows' partials under their key groups (read
+"""The pane reducers' stored state: open panes' partials under their key groups (read
 back from an earlier layout kept per reducer), the handover of their per-reducer records
 when a rescale changes the reducer count, and pending partials stored at a rescale."""
 
@@ -18,8 +18,8 @@ from millstream.state.keys import pack, unpack
 
 from tests.support.event_time import MINUTE, commit_round, stream
 
-WINDOWS = ms.windows.Windows(
-    time="ts", key="key", size=MINUTE, aggregates={"n": (None, "count")}, output="windows"
+PANES = ms.event_time.Panes(
+    time="ts", key="key", size=MINUTE, aggregates={"n": (None, "count")}, output="panes"
 )
 
 
@@ -30,10 +30,10 @@ def test_partials_kept_per_reducer_by_an_earlier_layout_are_moved_and_counted(
     them (under the reducer's index); a new reducer instance reads them, moves them under
     their key groups, and every row is counted once."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    sink = ParquetSink(url, "panes", str(tmp_path / "out"))
     rows = stream(1, 3_000, disorder=0)[0]
-    config = {"windows": WINDOWS}
-    mapper = ms.windows.WindowMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), config)
+    config = {"panes": PANES}
+    mapper = ms.event_time.PaneMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), config)
     store = open_store(url, prefix=("p",))
     batches = [mapper.map(b).batch for b in rows.to_batches(max_chunksize=1_000)]
 
@@ -47,17 +47,17 @@ def test_partials_kept_per_reducer_by_an_earlier_layout_are_moved_and_counted(
     def spec() -> ms.WorkerSpec:
         return ms.WorkerSpec("p", "reducer", 0, "r", 1, 1)
 
-    commit(ms.windows.WindowReducer(spec(), config), batches[0])
+    commit(ms.event_time.PaneReducer(spec(), config), batches[0])
     txn = store.create_transaction()
     t = ms.Transaction(txn)
     stored = t.get_range(("~windows", "partial"))
-    assert stored, "the first batch left open windows"
+    assert stored, "the first batch left open panes"
     for key, value in stored:
         t.clear(key)
         t.set(("~windows", 0, "partial", *key[3:]), value)
     txn.commit()
 
-    restarted = ms.windows.WindowReducer(spec(), config)
+    restarted = ms.event_time.PaneReducer(spec(), config)
     for batch in batches[1:]:
         commit(restarted, batch)
     with store.read() as txn:
@@ -77,7 +77,7 @@ def test_a_rescale_gives_every_new_reducer_the_old_watermarks(tmp_path: Path) ->
         t.set(("~windows", r, "schema"), b"schema")
         t.add(("~windows", r, "late"), late)
     t.set(("~windows", "partial", 7, 0, 1), b"partial")
-    ms.windows.WindowReducer.on_rescale(t, 2, 3)
+    ms.event_time.PaneReducer.on_rescale(t, 2, 3)
     txn.commit()
     with store.read() as txn:
         t = ms.Transaction(txn)
@@ -97,38 +97,38 @@ def test_a_rescale_refuses_partials_kept_per_reducer(tmp_path: Path) -> None:
     t = ms.Transaction(txn)
     t.set(("~windows", 1, "partial", 0, 5), b"partial")
     with pytest.raises(ConfigurationError, match="start the processor once"):
-        ms.windows.WindowReducer.on_rescale(t, 2, 1)
+        ms.event_time.PaneReducer.on_rescale(t, 2, 1)
     txn.reset()
     store.close()
 
 
 def test_pending_partials_handed_over_are_emitted_by_the_new_owners(tmp_path: Path) -> None:
-    """One reducer hands over its pending rows (open windows' partials stored by key
+    """One reducer hands over its pending rows (open panes' partials stored by key
     group); two new reducers that get no row afterwards emit them when the input ends,
     each its own key groups', every row counted once."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    sink = ParquetSink(url, "panes", str(tmp_path / "out"))
     rows = stream(1, 3_000, disorder=0)[0]
-    config = {"windows": WINDOWS}
-    mapper = ms.windows.WindowMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), config)
+    config = {"panes": PANES}
+    mapper = ms.event_time.PaneMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), config)
     mapped = pa.concat_tables(
         pa.Table.from_batches([mapper.map(b).batch]) for b in rows.to_batches(max_chunksize=500)
     )
     store = open_store(url, prefix=("p",))
 
-    old = ms.windows.PendingWindowReducer(ms.WorkerSpec("p", "reducer", 0, "r", 1, 1), config)
+    old = ms.event_time.PendingPaneReducer(ms.WorkerSpec("p", "reducer", 0, "r", 1, 1), config)
     pending = ms.PendingRows(mapped, np.zeros(mapped.num_rows, np.int32), frozenset({0}), 0)
     commit_round(store, sink, lambda t: old.hand_over(pending, t))
     assert pending.finished().to_pylist() == [True] * mapped.num_rows
-    commit_round(store, sink, lambda t: ms.windows.PendingWindowReducer.on_rescale(t, 1, 2))
-    assert sink.read().num_rows == 0, "no window was emitted at the handover"
+    commit_round(store, sink, lambda t: ms.event_time.PendingPaneReducer.on_rescale(t, 1, 2))
+    assert sink.read().num_rows == 0, "no pane was emitted at the handover"
     for r in range(2):
-        new = ms.windows.PendingWindowReducer(ms.WorkerSpec("p", "reducer", r, "r", 1, 2), config)
+        new = ms.event_time.PendingPaneReducer(ms.WorkerSpec("p", "reducer", r, "r", 1, 2), config)
         commit_round(store, sink, new.drain, r)
     got = sink.read()
     assert pc.sum(got["n"]).as_py() == 3_000
-    windows = zip(got["window_start"].to_pylist(), got["key"].to_pylist(), strict=True)
-    assert got.num_rows == len(set(windows)), "a window was emitted twice"
+    panes = zip(got["window_start"].to_pylist(), got["key"].to_pylist(), strict=True)
+    assert got.num_rows == len(set(panes)), "a pane was emitted twice"
     with store.read() as txn:
         assert ms.Transaction(txn).get_range(("~windows", "partial")) == []
     store.close()

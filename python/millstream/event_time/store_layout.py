@@ -1,14 +1,15 @@
-"""Open windows' partials in the store, addressed by key group, and the records a window
-reducer keeps under its own index.
+"""The event-time store layout: open panes' partials, addressed by key group, and the
+records a pane reducer keeps under its own index.
 
-Layout, in the output keyspace:
+Layout, in the output keyspace (the ``~windows`` prefix is the one earlier releases wrote,
+kept so that their stores still read):
 
-- ``("~windows", "partial", g, window_start, key)``: the partials of an open window, as one
-  fixed-width value (:func:`~millstream.windows.partials.encode`), under the key's key group
+- ``("~windows", "partial", g, pane_start, key)``: the partials of an open pane, as one
+  fixed-width value (:func:`~millstream.event_time.partials.encode`), under the key's key group
   ``g``. A reducer reads and writes only the key groups it owns, so a rescale, which hands
   whole key groups to other reducers, moves none of them;
-- ``("~windows", r, what)``: reducer ``r``'s own records (watermarks, the watermark windows
-  were last closed at, the partials' schema, late rows, windows with stored partials);
+- ``("~windows", r, what)``: reducer ``r``'s own records (watermarks, the watermark panes
+  were last closed at, the partials' schema, late rows, panes with stored partials);
   :func:`hand_over` gives the new reducers theirs when a rescale changes the count.
 """
 
@@ -20,15 +21,15 @@ import numpy as np
 import pyarrow as pa
 
 from millstream.api import Transaction
+from millstream.event_time.combiner import WATERMARK
+from millstream.event_time.partials import START, Plan, decode, encode, key_groups_of
 from millstream.state.keys import pack, unpack
-from millstream.windows.mapper import WATERMARK
-from millstream.windows.partials import START, Plan, decode, encode, key_groups_of
 
 NO_TIME = -(2**63)
 
 
 def partials_key(*rest: object) -> tuple[object, ...]:
-    """Where open windows' partials are: ``(g, window_start, key)`` follow."""
+    """Where open panes' partials are: ``(g, pane_start, key)`` follow."""
     return ("~windows", "partial", *rest)
 
 
@@ -44,26 +45,26 @@ def read_int(txn: Transaction, key: tuple[object, ...]) -> int | None:
 
 
 def read_marks(txn: Transaction, key: tuple[object, ...]) -> dict[int, int]:
-    """A packed ``mapper: latest event time`` record."""
+    """A packed ``partition: latest event time`` record."""
     raw = txn.get(key)
     values = () if raw is None else unpack(raw)
-    return {int(m): int(t) for m, t in zip(values[::2], values[1::2], strict=True)}
+    return {int(p): int(t) for p, t in zip(values[::2], values[1::2], strict=True)}
 
 
 def pack_marks(marks: dict[int, int]) -> bytes:
     """The record :func:`read_marks` reads."""
-    return pack(tuple(v for m in sorted(marks) for v in (m, marks[m])))
+    return pack(tuple(v for p in sorted(marks) for v in (p, marks[p])))
 
 
-def read_windows(txn: Transaction, reducer: int) -> set[int]:
-    """The windows (``window_start``) with partials a rescale stored, as reducer
+def read_stored_panes(txn: Transaction, reducer: int) -> set[int]:
+    """The panes (their starts) with partials a rescale stored, as reducer
     ``reducer``'s list has them."""
     raw = txn.get(own_key(reducer, "stored"))
     return {int(s) for s in (() if raw is None else unpack(raw))}
 
 
-def write_windows(txn: Transaction, reducer: int, starts: set[int]) -> None:
-    """Reducer ``reducer``'s list of windows with stored partials (cleared when empty)."""
+def write_stored_panes(txn: Transaction, reducer: int, starts: set[int]) -> None:
+    """Reducer ``reducer``'s list of panes with stored partials (cleared when empty)."""
     if starts:
         txn.set(own_key(reducer, "stored"), pack(tuple(sorted(starts))))
     else:
@@ -73,7 +74,7 @@ def write_windows(txn: Transaction, reducer: int, starts: set[int]) -> None:
 def runs(
     table: pa.Table, plan: Plan, key_groups: int
 ) -> tuple[pa.Table, list[tuple[int, int, int, int]]]:
-    """``table`` ordered by key group and window, and its runs: ``(g, window_start, first
+    """``table`` ordered by key group and pane, and its runs: ``(g, pane start, first
     row, end)``."""
     groups = key_groups_of(table, plan, key_groups)
     starts = np.asarray(table[START].to_numpy(), dtype=np.int64)
@@ -87,7 +88,7 @@ def runs(
 
 
 def write(txn: Transaction, table: pa.Table, plan: Plan, key_groups: int) -> None:
-    """Store the partials of ``table`` (replacing those of the same window and key)."""
+    """Store the partials of ``table`` (replacing those of the same pane and key)."""
     if not table.num_rows:
         return
     ordered, found = runs(table, plan, key_groups)
@@ -98,8 +99,8 @@ def write(txn: Transaction, table: pa.Table, plan: Plan, key_groups: int) -> Non
 
 
 def clear(txn: Transaction, table: pa.Table, plan: Plan, key_groups: int) -> None:
-    """Delete the stored partials of ``table``'s windows, for the key groups it has rows
-    of (each key group's window at once)."""
+    """Delete the stored partials of ``table``'s panes, for the key groups it has rows
+    of (each key group's pane at once)."""
     if table.num_rows:
         for g, start, _, _ in runs(table, plan, key_groups)[1]:
             txn.clear_prefix(partials_key(g, start))
@@ -112,7 +113,7 @@ def read(
     schema: pa.Schema,
 ) -> pa.Table:
     """The partials stored under ``prefixes`` (each a :func:`partials_key` or a legacy
-    per-reducer prefix ending before ``window_start``), as a table of the partial
+    per-reducer prefix ending before the pane start), as a table of the partial
     ``schema`` (with the :data:`WATERMARK` field, which it drops)."""
     partial_schema = pa.schema([f for f in schema if f.name != WATERMARK])
     rows = [row for prefix in prefixes for row in txn.get_range(prefix)]
@@ -133,9 +134,9 @@ def read_schema(txn: Transaction, reducer: int) -> pa.Schema | None:
 
 def hand_over(txn: Transaction, old_reducers: int, new_reducers: int) -> None:
     """Give every new reducer the records the old ones kept under their indices: per
-    mapper the smallest watermark (which every old reducer had reached), the latest
-    watermark any of them closed windows at (a window one of them emitted stays emitted),
-    the partials' schema, and every window with stored partials; late-row counts go to
+    input partition the smallest watermark (which every old reducer had reached), the
+    latest watermark any of them closed panes at (a pane one of them emitted stays
+    emitted), the partials' schema, and every pane with stored partials; late-row counts go to
     reducer 0. Partials stay where they are, under their key groups."""
     marks: dict[int, int] = {}
     closed: int | None = None
@@ -143,13 +144,13 @@ def hand_over(txn: Transaction, old_reducers: int, new_reducers: int) -> None:
     stored: set[int] = set()
     late = 0
     for r in range(old_reducers):
-        for m, t in read_marks(txn, own_key(r, "watermarks")).items():
-            marks[m] = min(marks.get(m, t), t)
+        for p, t in read_marks(txn, own_key(r, "watermarks")).items():
+            marks[p] = min(marks.get(p, t), t)
         last = read_int(txn, own_key(r, "closed"))
         if last is not None:
             closed = max(last, NO_TIME if closed is None else closed)
         schema = schema or txn.get(own_key(r, "schema"))
-        stored.update(read_windows(txn, r))
+        stored.update(read_stored_panes(txn, r))
         late += txn.get_int(own_key(r, "late"))
         txn.clear_prefix(own_key(r))
     for r in range(new_reducers):
@@ -159,6 +160,6 @@ def hand_over(txn: Transaction, old_reducers: int, new_reducers: int) -> None:
             txn.set(own_key(r, "closed"), pack((closed,)))
         if schema is not None:
             txn.set(own_key(r, "schema"), schema)
-        write_windows(txn, r, stored)
+        write_stored_panes(txn, r, stored)
     if late:
         txn.add(own_key(0, "late"), late)

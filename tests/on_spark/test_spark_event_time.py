@@ -1,4 +1,4 @@
-"""Event-time windows and a Parquet sink through Spark: the same exact windows as pyarrow."""
+"""Event-time panes and a Parquet sink through Spark: the same exact panes as pyarrow."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def events(rows: int, seed: int) -> pa.Table:
     )
 
 
-def test_windows_into_a_parquet_sink_are_exact_on_spark(spark: Any, tmp_path: Path) -> None:
+def test_panes_into_a_parquet_sink_are_exact_on_spark(spark: Any, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     queue = StoreQueue(url, "events", 2)
     parts = [events(15_000, seed=p) for p in range(2)]
@@ -39,7 +39,7 @@ def test_windows_into_a_parquet_sink_are_exact_on_spark(spark: Any, tmp_path: Pa
         queue.append(p, part)
         queue.close_partition(p)
     sink = ParquetSink(url, "per-minute", str(tmp_path / "out"))
-    windows = ms.windows.Windows(
+    panes = ms.event_time.Panes(
         time="ts",
         key="key",
         size=MINUTE,
@@ -48,13 +48,13 @@ def test_windows_into_a_parquet_sink_are_exact_on_spark(spark: Any, tmp_path: Pa
         output="per-minute",
     )
     processor = ms.Processor(
-        mapper=ms.windows.WindowMapper,
-        reducer=ms.windows.WindowReducer,
+        mapper=ms.event_time.PaneMapper,
+        reducer=ms.event_time.PaneReducer,
         input=queue,
         store=url,
         num_reducers=2,
-        name="windows",
-        config={"windows": windows},
+        name="panes",
+        config={"panes": panes},
         outputs=[sink],
         tuning=ms.Tuning(batch_rows=2_000, commit_interval_seconds=0.1, heartbeat_seconds=0.2),
     )
@@ -85,4 +85,4 @@ def test_windows_into_a_parquet_sink_are_exact_on_spark(spark: Any, tmp_path: Pa
             strict=True,
         )
     )
-    assert ms.windows.late_rows(processor) == 0
+    assert ms.event_time.late_rows(processor) == 0

@@ -1,4 +1,4 @@
-"""The second stage of :mod:`bench.windows`: windows' results from the queue into the store."""
+"""The second stage of :mod:`bench.event_time`: panes' results from the queue into the store."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-class ByWindow(ms.Mapper):
-    """Routes the first stage's rows by window."""
+class ByPane(ms.Mapper):
+    """Routes the first stage's rows by pane."""
 
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
         return ms.Partitioned.by_hash(

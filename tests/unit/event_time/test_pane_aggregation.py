@@ -1,4 +1,4 @@
-"""Event-time windows in one process: results equal pyarrow's over the same rows."""
+"""Event-time panes in one process: results equal pyarrow's over the same rows."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from millstream.testing import MemoryInput, run_in_process
 
 from tests.support.event_time import MINUTE, commit_round, stream
 
-REDUCERS = [ms.windows.WindowReducer, ms.windows.PendingWindowReducer]
-"""Open windows' partials in the store, or pending in the mappers' windows."""
+REDUCERS = [ms.event_time.PaneReducer, ms.event_time.PendingPaneReducer]
+"""Open panes' partials in the store, or pending in the mappers' windows."""
 
 
 @pytest.fixture(params=REDUCERS, ids=["stored", "pending"])
@@ -26,7 +26,7 @@ def reducer(request: pytest.FixtureRequest) -> type[ms.Reducer]:
 
 
 def expected(tables: list[pa.Table], size: int, slide: int) -> pa.Table:
-    """Windows, key, count, sum, min, max and mean computed with pyarrow alone."""
+    """Panes, key, count, sum, min, max and mean computed with pyarrow alone."""
     rows = pa.concat_tables(tables)
     parts = []
     for offset in range(0, size, slide):
@@ -63,25 +63,25 @@ AGGREGATES = {
 def _run(
     tmp_path: Path,
     tables: list[pa.Table],
-    windows: ms.windows.Windows,
+    panes: ms.event_time.Panes,
     reducer: type[ms.Reducer],
     late: int = 0,
 ) -> pa.Table:
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    sink = ParquetSink(url, "panes", str(tmp_path / "out"))
     processor = ms.Processor(
-        mapper=ms.windows.WindowMapper,
+        mapper=ms.event_time.PaneMapper,
         reducer=reducer,
         input=MemoryInput(tables),
         store=url,
         num_reducers=2,
-        config={"windows": windows},
+        config={"panes": panes},
         outputs=[sink],
         tuning=ms.Tuning(batch_rows=500),
     )
     run_in_process(processor)
-    if reducer is ms.windows.WindowReducer:  # the pending reducer does not count them
-        assert ms.windows.late_rows(processor) == late
+    if reducer is ms.event_time.PaneReducer:  # the pending reducer does not count them
+        assert ms.event_time.late_rows(processor) == late
     return sink.read().sort_by([("window_start", "ascending"), ("key", "ascending")])
 
 
@@ -96,26 +96,26 @@ def _check(got: pa.Table, want: pa.Table, size: int) -> None:
     assert np.allclose(got["avg"].to_numpy(), want["value_mean"].to_numpy())
 
 
-def test_tumbling_windows_equal_pyarrows(tmp_path: Path, reducer: type[ms.Reducer]) -> None:
+def test_tumbling_panes_equal_pyarrows(tmp_path: Path, reducer: type[ms.Reducer]) -> None:
     tables = stream(2, 20_000, disorder=2_000)
-    windows = ms.windows.Windows(
-        time="ts", key="key", size=MINUTE, lateness=2_000, aggregates=AGGREGATES, output="windows"
+    panes = ms.event_time.Panes(
+        time="ts", key="key", size=MINUTE, lateness=2_000, aggregates=AGGREGATES, output="panes"
     )
-    _check(_run(tmp_path, tables, windows, reducer), expected(tables, MINUTE, MINUTE), MINUTE)
+    _check(_run(tmp_path, tables, panes, reducer), expected(tables, MINUTE, MINUTE), MINUTE)
 
 
-def test_sliding_windows_equal_pyarrows(tmp_path: Path, reducer: type[ms.Reducer]) -> None:
+def test_sliding_panes_equal_pyarrows(tmp_path: Path, reducer: type[ms.Reducer]) -> None:
     tables = stream(2, 6_000, disorder=500)
-    windows = ms.windows.Windows(
+    panes = ms.event_time.Panes(
         time="ts",
         key="key",
         size=MINUTE,
         slide=MINUTE // 4,
         lateness=500,
         aggregates=AGGREGATES,
-        output="windows",
+        output="panes",
     )
-    _check(_run(tmp_path, tables, windows, reducer), expected(tables, MINUTE, MINUTE // 4), MINUTE)
+    _check(_run(tmp_path, tables, panes, reducer), expected(tables, MINUTE, MINUTE // 4), MINUTE)
 
 
 def test_rows_later_than_the_lateness_are_dropped_and_counted(
@@ -126,10 +126,10 @@ def test_rows_later_than_the_lateness_are_dropped_and_counted(
         {"ts": pa.array([5], pa.int64()), "key": pa.array([1], pa.int64()), "value": [7]}
     )
     tables = [pa.concat_tables([tables[0], late])]
-    windows = ms.windows.Windows(
-        time="ts", key="key", size=MINUTE, aggregates=AGGREGATES, output="windows"
+    panes = ms.event_time.Panes(
+        time="ts", key="key", size=MINUTE, aggregates=AGGREGATES, output="panes"
     )
-    got = _run(tmp_path, tables, windows, reducer, late=1)
+    got = _run(tmp_path, tables, panes, reducer, late=1)
     _check(got, expected([tables[0].slice(0, 20_000)], MINUTE, MINUTE), MINUTE)
 
 
@@ -138,31 +138,31 @@ def test_timestamp_columns_and_timedeltas(tmp_path: Path, reducer: type[ms.Reduc
         t.set_column(0, "ts", pc.cast(t["ts"], pa.timestamp("ms")))
         for t in stream(2, 6_000, disorder=100)
     ]
-    windows = ms.windows.Windows(
+    panes = ms.event_time.Panes(
         time="ts",
         key="key",
         size=dt.timedelta(minutes=1),
         lateness=dt.timedelta(seconds=1),
         aggregates={"n": (None, "count")},
-        output="windows",
+        output="panes",
     )
-    got = _run(tmp_path, tables, windows, reducer)
+    got = _run(tmp_path, tables, panes, reducer)
     assert got.schema.field("window_start").type == pa.timestamp("ms")
     assert pc.sum(got["n"]).as_py() == 12_000
 
 
-def test_bad_windows_are_refused() -> None:
+def test_bad_panes_are_refused() -> None:
     with pytest.raises(ms.exceptions.ConfigurationError, match="function must be one of"):
-        ms.windows.Windows(
+        ms.event_time.Panes(
             time="ts", key="k", size=1, aggregates={"x": ("v", "median")}, output="o"
         )
     with pytest.raises(ms.exceptions.ConfigurationError, match="size must be positive"):
-        ms.windows.Windows(
+        ms.event_time.Panes(
             time="ts", key="k", size=0, aggregates={"n": (None, "count")}, output="o"
         )
 
 
-def test_a_commit_that_failed_leaves_the_windows_as_the_store_has_them(
+def test_a_commit_that_failed_leaves_the_panes_as_the_store_has_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reducer: type[ms.Reducer]
 ) -> None:
     from tests.support.worker_fixtures import ConflictingCommits
@@ -170,28 +170,28 @@ def test_a_commit_that_failed_leaves_the_windows_as_the_store_has_them(
     conflicts = ConflictingCommits(every=3)
     conflicts.install(monkeypatch)
     tables = stream(2, 20_000, disorder=2_000)
-    windows = ms.windows.Windows(
-        time="ts", key="key", size=MINUTE, lateness=2_000, aggregates=AGGREGATES, output="windows"
+    panes = ms.event_time.Panes(
+        time="ts", key="key", size=MINUTE, lateness=2_000, aggregates=AGGREGATES, output="panes"
     )
-    got = _run(tmp_path, tables, windows, reducer)
+    got = _run(tmp_path, tables, panes, reducer)
     assert conflicts.calls > 6
     _check(got, expected(tables, MINUTE, MINUTE), MINUTE)
 
 
 def test_a_commit_that_landed_unconfirmed_is_read_back_from_the_store(tmp_path: Path) -> None:
     """The commit of the first batch lands but its outcome is unknown (``on_commit`` is
-    not called): the reducer must read the windows back before merging the next batch."""
+    not called): the reducer must read the panes back before merging the next batch."""
     from millstream.state import open_store
 
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
+    sink = ParquetSink(url, "panes", str(tmp_path / "out"))
     tables = stream(1, 3_000, disorder=0)
-    windows = ms.windows.Windows(
-        time="ts", key=None, size=MINUTE, aggregates={"n": (None, "count")}, output="windows"
+    panes = ms.event_time.Panes(
+        time="ts", key=None, size=MINUTE, aggregates={"n": (None, "count")}, output="panes"
     )
-    config = {"windows": windows}
-    mapper = ms.windows.WindowMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), config)
-    reducer = ms.windows.WindowReducer(ms.WorkerSpec("p", "reducer", 0, "r", 1, 1), config)
+    config = {"panes": panes}
+    mapper = ms.event_time.PaneMapper(ms.WorkerSpec("p", "mapper", 0, "m", 1, 1), config)
+    reducer = ms.event_time.PaneReducer(ms.WorkerSpec("p", "reducer", 0, "r", 1, 1), config)
     store = open_store(url, prefix=("p",))
     batches = [mapper.map(b).batch for b in tables[0].slice(0, 1_000).to_batches()]
     batches += [mapper.map(b).batch for b in tables[0].slice(1_000).to_batches(max_chunksize=1_000)]
@@ -219,16 +219,16 @@ def _cluster(
     from tests.support.worker_fixtures import Cluster
 
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    sink = ParquetSink(url, "windows", str(tmp_path / "out"))
-    windows = ms.windows.Windows(
-        time="ts", key="key", size=MINUTE, lateness=100, aggregates=AGGREGATES, output="windows"
+    sink = ParquetSink(url, "panes", str(tmp_path / "out"))
+    panes = ms.event_time.Panes(
+        time="ts", key="key", size=MINUTE, lateness=100, aggregates=AGGREGATES, output="panes"
     )
     cluster = Cluster(
         tmp_path,
         tables,
-        mapper=ms.windows.WindowMapper,
+        mapper=ms.event_time.PaneMapper,
         reducer=reducer,
-        config={"windows": windows},
+        config={"panes": panes},
         outputs=[sink],
     )
     return cluster, sink
@@ -263,7 +263,7 @@ def test_a_drained_mapper_no_longer_holds_the_watermark(
     c.run_to_end()
     for worker in c.reducers.values():
         assert worker.finish()
-    assert ms.windows.late_rows(c.processor) == 0
+    assert ms.event_time.late_rows(c.processor) == 0
     _check(
         sink.read().sort_by([("window_start", "ascending"), ("key", "ascending")]),
         expected(tables, MINUTE, MINUTE),
@@ -278,7 +278,7 @@ def test_a_restarted_pending_reducer_waits_for_the_rows_it_fetches_again(
     """Mapper 1 reads far ahead of mapper 0 (200 s of events against 70 s), so reducers
     hold many of its rows pending when the first minute closes; then every reducer
     restarts while mapper 1 cannot be reached, and mapper 0 reads on. The watermark of
-    rows a new instance has not fetched again must not close a window (the bug this
+    rows a new instance has not fetched again must not close a pane (the bug this
     catches: storing the watermark of pending rows, not only of finished ones)."""
     tables = stream(2, 25_000, disorder=100)
     c, sink = _cluster(tmp_path, tables, reducer)

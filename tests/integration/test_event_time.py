@@ -1,5 +1,5 @@
-"""Event-time windows end to end: tumbling one-minute windows over a stream with
-out-of-order timestamps equal the windows pyarrow computes alone, under kill -9."""
+"""Event-time panes end to end: tumbling one-minute panes over a stream with
+out-of-order timestamps equal the panes pyarrow computes alone, under kill -9."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from millstream.runner.local import LocalRunner
 from tests.support.chaos import RandomKiller
 from tests.support.jobs import (
     EVENT_DISORDER_MS,
-    EVENT_WINDOWS,
-    SlowWindowMapper,
-    expected_windows,
+    EVENT_PANES,
+    SlowPaneMapper,
+    expected_panes,
     tuning,
     write_event_input,
-    written_windows,
+    written_panes,
 )
 from tests.support.stores import ON_FDB
 
@@ -26,27 +26,27 @@ from tests.support.stores import ON_FDB
 @pytest.mark.parametrize(
     ("reducer", "seed", "state_url"),
     [
-        (ms.windows.WindowReducer, 1, "sqlite"),
-        (ms.windows.WindowReducer, 2, "sqlite"),
-        (ms.windows.PendingWindowReducer, 1, "sqlite"),
-        (ms.windows.PendingWindowReducer, 2, "sqlite"),
-        pytest.param(ms.windows.WindowReducer, 3, *ON_FDB.values, marks=ON_FDB.marks),
+        (ms.event_time.PaneReducer, 1, "sqlite"),
+        (ms.event_time.PaneReducer, 2, "sqlite"),
+        (ms.event_time.PendingPaneReducer, 1, "sqlite"),
+        (ms.event_time.PendingPaneReducer, 2, "sqlite"),
+        pytest.param(ms.event_time.PaneReducer, 3, *ON_FDB.values, marks=ON_FDB.marks),
     ],
     ids=["stored-1", "stored-2", "pending-1", "pending-2", "stored-3-fdb"],
     indirect=["state_url"],
 )
-def test_tumbling_windows_are_exact_under_kill_9(
+def test_tumbling_panes_are_exact_under_kill_9(
     tmp_path: Path, reducer: type[ms.Reducer], seed: int, state_url: str
 ) -> None:
     data = write_event_input(tmp_path / "in", 200_000, disorder_ms=EVENT_DISORDER_MS)
     sink = ParquetSink(state_url, "per-minute", str(tmp_path / "out"))
     processor = ms.Processor(
-        mapper=SlowWindowMapper,
+        mapper=SlowPaneMapper,
         reducer=reducer,
         input=ms.inputs.ParquetLog(str(data)),
         store=state_url,
         num_reducers=2,
-        config={"windows": EVENT_WINDOWS, "map_seconds": 0.04},
+        config={"panes": EVENT_PANES, "map_seconds": 0.04},
         outputs=[sink],
         tuning=tuning(
             batch_rows=2_000,
@@ -59,6 +59,6 @@ def test_tumbling_windows_are_exact_under_kill_9(
     with RandomKiller(runner, seed) as killer:
         runner.wait(timeout=300)
     assert killer.kills, "the killer never found a live process"
-    assert ms.windows.late_rows(processor) == 0
-    assert written_windows(sink) == expected_windows(data)
+    assert ms.event_time.late_rows(processor) == 0
+    assert written_panes(sink) == expected_panes(data)
     print(f"seed {seed}: killed {killer.kills}; {len(sink.recorded())} files")
