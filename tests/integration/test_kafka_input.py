@@ -82,7 +82,9 @@ def test_columns_read_only_the_named_ones(kafka_bootstrap: str, tmp_path: Path) 
         batch = reader.read(0, 10, b"").batch
     finally:
         reader.close()
-    assert batch is not None and batch.schema.names == ["value"] and batch.num_rows == 10
+    assert batch is not None
+    assert batch.schema.names == ["value"]
+    assert batch.num_rows == 10
     processor = _processor(topic, tmp_path / "state.db")
     assert LocalRunner(processor).run(timeout=120).rows_read == 6_000
     assert read_output(processor, "sum") == dict(sums)
