@@ -71,6 +71,29 @@ def test_keyed_sum_from_a_topic_is_exact(
     assert summary.rows_read == 12_000
 
 
+def test_columns_read_only_the_named_ones(kafka_bootstrap: str, tmp_path: Path) -> None:
+    name = new_topic(kafka_bootstrap, 2)
+    sums = fill_keyed(kafka_bootstrap, name, 6_000, 2, seed=3)
+    topic = ms.inputs.KafkaTopic(
+        kafka_bootstrap, name, value=ms.inputs.Json(VALUE_SCHEMA), bounded=True, columns=("value",)
+    )
+    assert topic.schema.names == ["value"]
+    reader = topic.reader(0)
+    try:
+        batch = reader.read(0, 10, b"").batch
+    finally:
+        reader.close()
+    assert batch is not None
+    assert batch.schema.names == ["value"]
+    assert batch.num_rows == 10
+    processor = _processor(topic, tmp_path / "state.db")
+    assert LocalRunner(processor).run(timeout=120).rows_read == 6_000
+    assert read_output(processor, "sum") == dict(sums)
+    for bad in [("value", "size"), (), ("key", "key")]:
+        with pytest.raises(ConfigurationError, match="columns must name"):
+            ms.inputs.KafkaTopic(kafka_bootstrap, name, columns=bad)
+
+
 def test_bounded_stops_at_the_end_seen_when_built(kafka_bootstrap: str, tmp_path: Path) -> None:
     name = new_topic(kafka_bootstrap, 2)
     sums = fill_keyed(kafka_bootstrap, name, 4_000, 2, seed=1)

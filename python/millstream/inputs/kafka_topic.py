@@ -88,6 +88,9 @@ def _kafka() -> Any:
 
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
+COLUMNS = ("key", "value", "timestamp", "headers", "partition", "offset")
+"""The columns of a record, in the order batches have them."""
+
 
 @dataclass(frozen=True)
 class KafkaTopic:
@@ -119,6 +122,10 @@ class KafkaTopic:
         config: More librdkafka settings for the consumers (security, client id, fetch
             sizes); ``isolation.level`` and the offset handling cannot be changed.
         timeout_seconds: How long metadata and offset queries may take.
+        columns: Read only these of the record's columns (in this order; the mapper sees
+            nothing else). Each column costs a call per record to build, so naming only the
+            columns the mapper reads makes reading faster (``("value",)`` is about a third
+            of the per-record work of all six); the rows are the same records either way.
     """
 
     bootstrap_servers: str
@@ -129,6 +136,7 @@ class KafkaTopic:
     group_id: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     timeout_seconds: float = 10.0
+    columns: tuple[str, ...] | None = None
     partition_count: int = field(init=False, default=0)
     """The topic's partitions when this object was built."""
     end_offsets: tuple[int, ...] | None = field(init=False, default=None)
@@ -146,6 +154,14 @@ class KafkaTopic:
                 f"KafkaTopic config may not set {fixed}: records are read read_committed "
                 "from the offsets the processor persists (set group_id to name the group)"
             )
+        if self.columns is not None:
+            unknown = [c for c in self.columns if c not in COLUMNS]
+            if unknown or not self.columns or len(set(self.columns)) != len(self.columns):
+                raise ConfigurationError(
+                    f"KafkaTopic columns must name some of {list(COLUMNS)}, each once; "
+                    f"got {list(self.columns)}"
+                )
+            object.__setattr__(self, "columns", tuple(self.columns))
         object.__setattr__(self, "start_offsets", dict(self.start_offsets or {}))
         object.__setattr__(self, "config", dict(self.config))
         consumer = self.consumer()
@@ -186,17 +202,16 @@ class KafkaTopic:
 
     @property
     def schema(self) -> pa.Schema:
-        """The schema of the batches mappers read."""
-        return pa.schema(
-            [
-                ("key", pa.binary()),
-                ("value", self.value.value_type),
-                ("timestamp", pa.timestamp("ms", tz="UTC")),
-                ("headers", HEADERS_TYPE),
-                ("partition", pa.int32()),
-                ("offset", pa.int64()),
-            ]
-        )
+        """The schema of the batches mappers read (the :attr:`columns` read)."""
+        types = {
+            "key": pa.binary(),
+            "value": self.value.value_type,
+            "timestamp": pa.timestamp("ms", tz="UTC"),
+            "headers": HEADERS_TYPE,
+            "partition": pa.int32(),
+            "offset": pa.int64(),
+        }
+        return pa.schema([(name, types[name]) for name in self.columns or COLUMNS])
 
     # -- talking to the brokers ------------------------------------------------------------
 
@@ -403,42 +418,50 @@ class KafkaPartitionReader:
         return ReadResult(self._batch(taken), token, ended)
 
     def _batch(self, messages: Sequence[Any]) -> pa.RecordBatch:
-        keys = [m.key() for m in messages]
-        values = [m.value() for m in messages]
-        stamps = [m.timestamp() for m in messages]
-        timestamps = [ts if kind else None for kind, ts in stamps]
-        raw_headers = [m.headers() for m in messages]
-        headers: list[list[dict[str, Any]] | None] = (
-            [None if h is None else [{"key": k, "value": v} for k, v in h] for h in raw_headers]
-            if any(h is not None for h in raw_headers)
-            else [None] * len(messages)
-        )
-        offsets = [m.offset() for m in messages]
+        """The records as a batch of the columns read: one list comprehension per column
+        (a call per record each), the rest in Arrow."""
+        n = len(messages)
+        arrays = []
+        for name in self._schema.names:
+            if name == "key":
+                arrays.append(pa.array([m.key() for m in messages], type=pa.binary()))
+            elif name == "value":
+                arrays.append(self._values([m.value() for m in messages], messages))
+            elif name == "timestamp":
+                stamps = [m.timestamp() for m in messages]
+                timestamps = [ts if kind else None for kind, ts in stamps]
+                column = pa.array(timestamps, type=pa.int64())
+                arrays.append(column.cast(pa.timestamp("ms", tz="UTC")))
+            elif name == "headers":
+                raw = [m.headers() for m in messages]
+                if raw.count(None) == n:
+                    arrays.append(pa.nulls(n, HEADERS_TYPE))
+                else:
+                    pairs = [
+                        None if h is None else [{"key": k, "value": v} for k, v in h] for h in raw
+                    ]
+                    arrays.append(pa.array(pairs, type=HEADERS_TYPE))
+            elif name == "partition":
+                arrays.append(pa.array(np.full(n, self._partition, dtype=np.int32)))
+            else:
+                arrays.append(pa.array([m.offset() for m in messages], type=pa.int64()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+
+    def _values(self, values: list[bytes | None], messages: Sequence[Any]) -> pa.Array:
         try:
             value = self._source.value.decode(values)
         except ValueDecodeError as exc:
             raise InputError(
-                f"{self._where()}: the record at offset {offsets[exc.index]} does not decode "
-                f"with {self._source.value!r}: {exc.reason}. Fix the producer, or read the topic "
-                "with a decoder that accepts it (RawBytes() takes any value)"
+                f"{self._where()}: the record at offset {messages[exc.index].offset()} does not "
+                f"decode with {self._source.value!r}: {exc.reason}. Fix the producer, or read "
+                "the topic with a decoder that accepts it (RawBytes() takes any value)"
             ) from exc
-        if value.type != self._schema.field("value").type:
+        if value.type != self._source.value.value_type:
             raise InputError(
                 f"{self._where()}: the decoder {self._source.value!r} returned {value.type}, "
-                f"not its value_type {self._schema.field('value').type}"
+                f"not its value_type {self._source.value.value_type}"
             )
-        n = len(messages)
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array(keys, type=pa.binary()),
-                value,
-                pa.array(timestamps, type=pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-                pa.array(headers, type=HEADERS_TYPE),
-                pa.array(np.full(n, self._partition, dtype=np.int32)),
-                pa.array(offsets, type=pa.int64()),
-            ],
-            schema=self._schema,
-        )
+        return value
 
     def wait_for_rows(self, begin_row_index: int, timeout_seconds: float) -> None:
         """Wait until a record is queued after the reader's position, at most
@@ -469,4 +492,4 @@ class KafkaPartitionReader:
         self._consumer.close()
 
 
-__all__ = ["CONSUMER_DEFAULTS", "KafkaPartitionReader", "KafkaTopic"]
+__all__ = ["COLUMNS", "CONSUMER_DEFAULTS", "KafkaPartitionReader", "KafkaTopic"]
