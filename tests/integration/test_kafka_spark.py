@@ -11,9 +11,10 @@ from typing import Any
 
 import millstream as ms
 import pytest
-from jobs import KeyedSumReducer, read_output
-from kafka_broker import new_topic
-from kafka_jobs import PackedKeyedSumMapper, fill_keyed
+
+from tests.support.jobs import KeyedSumReducer, read_output
+from tests.support.kafka_broker import new_topic
+from tests.support.kafka_jobs import PackedKeyedSumMapper, fill_keyed
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

@@ -1,7 +1,7 @@
 """Kafka to Kafka through an event-time window aggregation under kill -9 of workers, the
 fork server and publishers: tumbling minutes per key over a topic whose record timestamps
 are the event times (out of order), published by a KafkaSink; a read_committed consumer of
-the output topic sees every window once, equal to the windows pyarrow computes alone."""
+the output topic sees every pane once, equal to the panes pyarrow computes alone."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ import millstream as ms
 import numpy as np
 import pyarrow as pa
 import pytest
-from chaos import RandomKiller
-from jobs import EVENT_DISORDER_MS, EVENT_WINDOWS, tuning
-from kafka_broker import new_topic
 from millstream.runner.local import LocalRunner
-from test_kafka_sink import _committed_values
+
+from tests.support.chaos import RandomKiller
+from tests.support.jobs import EVENT_DISORDER_MS, EVENT_PANES, tuning
+from tests.support.kafka_broker import committed_values, new_topic
 
 ROWS = 40_000
-OUTPUT_COLUMNS = [ms.windows.START, "key", "n", "total", "high"]
+OUTPUT_COLUMNS = [ms.event_time.START, "key", "n", "total", "high"]
 
 
-class RecordsToWindows(ms.windows.WindowMapper):
+class RecordsToPanes(ms.event_time.PaneMapper):
     """The records' timestamps as event time ``ts``; key and value are the record value's
     two little-endian int64s; sleeps ``config["map_seconds"]`` per batch."""
 
@@ -60,8 +60,8 @@ class _Encoded:
         self._txn.emit(output, pa.table({"value": pa.array(values, type=pa.binary())}))
 
 
-class WindowsToKafka(ms.windows.WindowReducer):
-    """The window reducer, its closed windows published to the Kafka sink."""
+class PanesToKafka(ms.event_time.PaneReducer):
+    """The pane reducer, its closed panes published to the Kafka sink."""
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
         super().reduce(batch, _Encoded(txn))  # type: ignore[arg-type]
@@ -100,20 +100,20 @@ def _fill(bootstrap: str, topic: str) -> pa.Table:
 
 
 def _expected(rows: pa.Table) -> Counter[tuple[int, ...]]:
-    minute = EVENT_WINDOWS.size
+    minute = EVENT_PANES.size
     starts = pa.array((rows["ts"].to_numpy() // minute) * minute)
     grouped = (
-        rows.append_column(ms.windows.START, starts)
-        .group_by([ms.windows.START, "key"])
+        rows.append_column(ms.event_time.START, starts)
+        .group_by([ms.event_time.START, "key"])
         .aggregate([([], "count_all"), ("value", "sum"), ("value", "max")])
     )
-    columns = [ms.windows.START, "key", "count_all", "value_sum", "value_max"]
+    columns = [ms.event_time.START, "key", "count_all", "value_sum", "value_max"]
     return Counter(zip(*(grouped[c].to_pylist() for c in columns), strict=True))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [21, 22])
-def test_kafka_windows_to_kafka_under_kill_9_every_window_once(
+def test_kafka_panes_to_kafka_under_kill_9_every_pane_once(
     kafka_bootstrap: str, tmp_path: Path, seed: int
 ) -> None:
     source, sink = new_topic(kafka_bootstrap, 2), new_topic(kafka_bootstrap, 2)
@@ -121,13 +121,13 @@ def test_kafka_windows_to_kafka_under_kill_9_every_window_once(
     store = f"sqlite:///{tmp_path / 'state.db'}"
     target = ms.outputs.KafkaTarget(kafka_bootstrap, sink)
     processor = ms.Processor(
-        mapper=RecordsToWindows,
-        reducer=WindowsToKafka,
+        mapper=RecordsToPanes,
+        reducer=PanesToKafka,
         input=ms.inputs.KafkaTopic(kafka_bootstrap, source, bounded=True),
         store=store,
         num_reducers=2,
-        outputs=[ms.outputs.KafkaSink(store, EVENT_WINDOWS.output, 2, target)],
-        config={"windows": EVENT_WINDOWS, "map_seconds": 0.04},
+        outputs=[ms.outputs.KafkaSink(store, EVENT_PANES.output, 2, target)],
+        config={"panes": EVENT_PANES, "map_seconds": 0.04},
         tuning=tuning(
             batch_rows=2_000,
             commit_interval_seconds=0.1,
@@ -155,9 +155,9 @@ def test_kafka_windows_to_kafka_under_kill_9_every_window_once(
     assert killer.kills, "the killer never found a live process"
     assert published_kills, "no publisher was killed"
     assert summary.rows_read == ROWS
-    assert ms.windows.late_rows(processor) == 0
+    assert ms.event_time.late_rows(processor) == 0
     got: Counter[tuple[int, ...]] = Counter()
-    for value, count in _committed_values(kafka_bootstrap, sink).items():
+    for value, count in committed_values(kafka_bootstrap, sink).items():
         got[tuple(np.frombuffer(value, dtype="<i8").tolist())] += count
     assert max(got.values()) == 1, "a window reached read_committed consumers twice"
     assert got == _expected(rows)
