@@ -8,10 +8,13 @@ each reducer got in each mapper's stream during a cut shows who kept working.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import millstream as ms
 import pytest
+from millstream.ledger import read_statuses
 
 from tests.support.hosts.cluster import Cluster
 from tests.support.hosts.hosted import (
@@ -128,5 +131,66 @@ def test_a_split_brain_pair_on_either_side_of_a_cut_never_both_commit(tmp_path: 
     # sums are exact (a batch committed by both instances would count twice).
     assert still[("reducer", 0, 0)] == pids[("reducer", 0, 0)]
     assert still[("reducer", 0, 1)] == pids[("reducer", 0, 1)]
+    assert read_output(processor, "sum") == expected_sums(data)
+    assert summary.rows_read == ROWS
+
+
+MEMORY_LIMIT = 400_000
+"""A window a few dozen batches deep: a mapper cut from a reducer fills it within seconds."""
+
+
+def read_statuses_now(processor: ms.Processor) -> dict[tuple[str, int], dict[str, Any]]:
+    """Every worker's last published metrics (``millstream status`` reads the same)."""
+    store = processor.open_store()
+    try:
+        return store.transact(read_statuses)
+    finally:
+        store.close()
+
+
+def test_a_mapper_cut_from_a_reducer_stays_within_its_memory_limit(tmp_path: Path) -> None:
+    """While reducer 0 is cut from mapper 0, the rows mapper 0 holds for it fill the
+    window up to its limit and no further; straggler spill then lets mapper 0 read on and
+    serve reducer 1, and reducer 0 reads the spilled rows after the heal: exact sums."""
+    processor, data, gate = _processor(tmp_path)
+    processor = dataclasses.replace(
+        processor,
+        tuning=dataclasses.replace(
+            processor.tuning, memory_limit_bytes=MEMORY_LIMIT, spill_after_seconds=1.0
+        ),
+    )
+    layout = Layout(num_mappers=2, num_reducers=2)
+    held: list[int] = []
+
+    def window_bytes() -> int:
+        status = read_statuses_now(processor).get(("mapper", 0), {})
+        assert status.get("memory_limit_bytes") in (None, MEMORY_LIMIT)
+        held.append(int(status.get("window_bytes", 0)))
+        return held[-1]
+
+    with Cluster(layout.size) as cluster:
+        runner = hosted_runner(processor, layout, cluster)
+        runner.start()
+        try:
+            run_until(runner, lambda: min(map(min, committed(processor))) >= 0, "started")
+            cluster.cut(2, [0])
+            before = committed(processor)
+            run_until(
+                runner,
+                lambda: (
+                    window_bytes() >= MEMORY_LIMIT // 2
+                    and committed(processor)[1][0] - before[1][0] >= PROGRESS
+                ),
+                f"mapper 0's window half full and {PROGRESS} of its rows committed by "
+                "reducer 1 during the cut",
+            )
+            cluster.heal()
+            gate.unlink()
+            summary = drain(runner)
+        except BaseException:
+            runner.stop()
+            raise
+    print(f"mapper 0's window during the cut: at most {max(held)} bytes of {MEMORY_LIMIT}")
+    assert max(held) <= MEMORY_LIMIT
     assert read_output(processor, "sum") == expected_sums(data)
     assert summary.rows_read == ROWS
