@@ -33,7 +33,7 @@ from millstream.ledger import (
 from millstream.state import Store, StoreTransaction, pack
 from millstream.testing import InProcessTransport
 from millstream.workers import MapperWorker, ReducerWorker
-from millstream.workers.metrics import MULTIPROC_ENV, WorkerMetrics
+from millstream.workers.prometheus import MULTIPROC_ENV, WorkerMetrics
 
 from bench.micro.conftest import input_batch
 

@@ -21,7 +21,7 @@ from jobs import PassThroughMapper, RowsReducer, keyed_processor, tuning, write_
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import summarize
 from millstream.runner.local import LocalRunner
-from millstream.workers.metrics import COMMIT_SECONDS_BUCKETS
+from millstream.workers.prometheus import COMMIT_SECONDS_BUCKETS
 from prometheus_client.parser import text_string_to_metric_families
 from test_readme import ROOT, write_data
 from test_stopping import JOB

@@ -33,8 +33,8 @@ from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import GetRowsCall
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
-from millstream.workers import reducer as reducer_module
-from millstream.workers.pending import PendingQueue
+from millstream.workers.reducer_worker import worker as reducer_module
+from millstream.workers.reducer_worker.pending_queue import PendingQueue
 
 from tests.simulation.test_protocol_simulation import (
     PROFILE,

@@ -8,8 +8,8 @@ heartbeat thread (:mod:`.heartbeat`) and the main loop.
 
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock, ManualClock, SystemClock
 from millstream.workers.heartbeat import Heartbeat
-from millstream.workers.mapper import MapperWorker
-from millstream.workers.reducer import ReducerWorker
+from millstream.workers.mapper_worker import MapperWorker
+from millstream.workers.reducer_worker import ReducerWorker
 from millstream.workers.serve import run_worker
 
 __all__ = [

@@ -48,9 +48,9 @@ from millstream.ledger import (
 from millstream.ledger.spill import spilled_through, write_spill_chunk
 from millstream.rpc.calls import max_payload_bytes
 from millstream.state import Store, StoreTransaction, pack, unpack
-from millstream.workers.claims import check_claims
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
-from millstream.workers.serving import ServingState, WindowService
+from millstream.workers.fencing import check_claims
+from millstream.workers.mapper_worker.window_service import ServingState, WindowService
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -157,7 +157,7 @@ class MapperWorker(WindowService):
             if through >= 0:  # rows in the store already: never buffered again
                 window.mark_spilled(r, through)
         # One swap: the window with new, empty claims and its input not ended
-        # (:mod:`millstream.workers.serving`); a GetRows sees the old state or the new.
+        # (:mod:`.window_service`); a GetRows sees the old state or the new.
         self.window = window
         if old is not None:
             old.close()

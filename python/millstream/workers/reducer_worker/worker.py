@@ -49,13 +49,13 @@ from millstream.queue_reducer import PendingRows, QueueReducer
 from millstream.rpc.calls import GetRowsCall, GetRowsResult, NotAnsweredYet, RowsClient
 from millstream.state import Store, StoreTransaction
 from millstream.state.replay import ReplayingTransaction
-from millstream.workers import drain
-from millstream.workers.cadence import CommitCadence
 from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
-from millstream.workers.discovery import DiscoveryView
-from millstream.workers.pending import PendingQueue
-from millstream.workers.settling import ROUND, UnsettledOutputs
-from millstream.workers.status import TimeSpent
+from millstream.workers.discovery_view import DiscoveryView
+from millstream.workers.reducer_worker import drain
+from millstream.workers.reducer_worker.cadence import CommitCadence
+from millstream.workers.reducer_worker.pending_queue import PendingQueue
+from millstream.workers.reducer_worker.settling import ROUND, UnsettledOutputs
+from millstream.workers.status_report import TimeSpent
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -844,7 +844,7 @@ class ReducerWorker:
 
     def finish(self) -> bool:
         """Once the processor drained: the user's ``drain`` committed once, then the outputs
-        (:func:`millstream.workers.drain.finish`). Returns False after a conflict (call again).
+        (:func:`.drain.finish`). Returns False after a conflict (call again).
 
         Raises:
             UserCodeError: ``drain`` raised; nothing of it was committed.
@@ -866,7 +866,7 @@ class ReducerWorker:
 
     def settle_unknown_commits(self) -> None:
         """Publish the files of earlier commits reported unknown that landed after all
-        (:class:`~millstream.workers.settling.UnsettledOutputs`), and count them."""
+        (:class:`~millstream.workers.reducer_worker.settling.UnsettledOutputs`), and count them."""
         for outputs in self.unsettled.settle(self.store):
             self.rows_emitted += outputs.rows_appended
             self.files_published += outputs.files_staged
@@ -886,7 +886,7 @@ class ReducerWorker:
 
         Starts a round one interval after the start of the last round that committed
         (rows accumulate meanwhile and go into one transaction), the interval
-        :class:`~millstream.workers.cadence.CommitCadence` says, unless the last
+        :class:`~millstream.workers.reducer_worker.cadence.CommitCadence` says, unless the last
         fetch hit its row or byte cap, the mappers are behind (then they hold the next
         fetch until a full commit's worth of rows gathers, see :attr:`gathering`), or every
         mapper has drained; polls an

@@ -2,7 +2,7 @@
 ingestion thread reads, maps and restarts the window.
 
 **Threads.** The state those threads share is one immutable :class:`ServingState`: the
-window, the claims made against that window (:mod:`millstream.workers.claims`) and whether
+window, the claims made against that window (:mod:`millstream.workers.fencing`) and whether
 the input ended. It is never changed field by field: the ingestion thread builds a new
 object and swaps it in whole, only in :meth:`WindowService._swap`, under the lock that also
 wakes the calls waiting for rows. A reader takes the current object once and decides from
@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 from millstream import _core
 from millstream.exceptions import StaleMapperError
-from millstream.workers.claims import Claims
 from millstream.workers.clock import Clock
+from millstream.workers.fencing import Claims
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class ServingState:
 
 class WindowService:
     """GetRows served from one mapper instance's window: the base of
-    :class:`~millstream.workers.mapper.MapperWorker`, which reads the input into it.
+    :class:`~millstream.workers.mapper_worker.MapperWorker`, which reads the input into it.
 
     Args:
         index: The mapper's index (its input partition).

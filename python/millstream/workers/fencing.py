@@ -24,8 +24,9 @@ class Claims:
     """The highest committed row index each reducer claimed in a GetRows, thread-safe.
 
     One belongs to one window for its whole life and is never cleared: a new window comes
-    with a new one (:class:`~millstream.workers.serving.ServingState`), so no claim made
-    against a window can be lost while that window's state may still be persisted.
+    with a new one (:class:`~millstream.workers.mapper_worker.window_service.ServingState`),
+    so no claim made against a window can be lost while that window's state may still be
+    persisted.
     """
 
     def __init__(self) -> None:
