@@ -33,7 +33,7 @@ from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import GetRowsCall
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
-from millstream.workers.reducer_worker import worker as reducer_module
+from millstream.workers.reducer_worker import commit as reducer_commit
 from millstream.workers.reducer_worker.pending_queue import PendingQueue
 
 from tests.simulation.test_protocol_simulation import (
@@ -361,7 +361,7 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
         _reducer_trusts_unknown,
     ),
     "reducer_rereads_state_as_snapshot": (
-        reducer_module,
+        reducer_commit,
         "read_reducer_state",
         _snapshot_state_read,
     ),
@@ -373,7 +373,7 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
         _read_cut_without_check,
     ),
     "reducer_ignores_spilled_rows": (ReducerWorker, "_read_spilled", _ignore_spill),
-    "reducer_keeps_consumed_spill": (reducer_module, "clear_spill", _keep_spill),
+    "reducer_keeps_consumed_spill": (reducer_commit, "clear_spill", _keep_spill),
     "mapper_restarts_from_stale_state": (
         MapperWorker,
         "start_ingestion",

@@ -14,9 +14,10 @@ restarts from its persisted state, which re-produces the dropped rows.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 from millstream.exceptions import WindowLostRowsError
-from millstream.ledger import read_reducer_state
+from millstream.ledger import read_numbering, read_reducer_state
 from millstream.state import StoreTransaction
 
 
@@ -65,3 +66,11 @@ def check_claims(
                 "reducer that broke the protocol); restarting from the persisted state, which "
                 "produces them again. Secure the GetRows channel (mutual TLS) if this repeats"
             )
+
+
+def superseded_instances(txn: StoreTransaction, served_by: Mapping[int, str]) -> dict[int, str]:
+    """At least once: the mapper instances of ``served_by`` (mapper index: GUID of the
+    instance that served rows) that no longer own their mapper's numbering, read in the
+    reducer's commit transaction: rows of an instance a newer one took over from may be
+    numbered differently from the newer one's, so they are not committed."""
+    return {m: guid for m, guid in served_by.items() if read_numbering(txn, m) != guid}
