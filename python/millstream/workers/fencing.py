@@ -1,14 +1,23 @@
-"""What reducers claimed to have committed, checked against the store before a mapper
-persists its state (nobody outside the processor can make it lose rows).
+"""Fencing: the persisted-state checks that keep a second live instance of a worker (split
+brain), a superseded one, or a forged GetRows from losing or doubling a row's effect.
 
-A GetRows request carries the reducer's committed row index, and the window pops (frees)
-every row up to it. A request forged by anyone who can reach the mapper's server, or sent
-by a reducer that broke the protocol, can claim rows that no reducer committed. The window
-cannot tell; the store can. So the mapper records the highest index each reducer claimed
-before the window pops, and persists its state (which lets the input be trimmed) only in a
-transaction that reads, from the store, that every recorded claim is committed. A claim
-beyond the store raises :class:`~millstream.exceptions.WindowLostRowsError`: the mapper
-restarts from its persisted state, which re-produces the dropped rows.
+- A mapper writes (batch plans, its state, spilled rows, its drained marker) only in a
+  transaction that re-reads its persisted state and finds the one it last saw
+  (:func:`check_mapper_state`); at least once, also that it still owns its mapper's
+  numbering.
+- A reducer's commit re-reads the reducer's state with conflicts (a step of the commit:
+  :mod:`millstream.workers.reducer_worker.commit`, counted in ``split_brains``) and, at
+  least once, that every instance that served its rows still owns the numbering
+  (:func:`superseded_instances`, counted in ``superseded_fetches``).
+- Claims: a GetRows request carries the reducer's committed row index, and the window pops
+  (frees) every row up to it. A request forged by anyone who can reach the mapper's
+  server, or sent by a reducer that broke the protocol, can claim rows that no reducer
+  committed. The window cannot tell; the store can. So the mapper records the highest
+  index each reducer claimed before the window pops (:class:`Claims`), and persists its
+  state (which lets the input be trimmed) only in a transaction that reads, from the
+  store, that every recorded claim is committed (:func:`check_claims`). A claim beyond the
+  store raises :class:`~millstream.exceptions.WindowLostRowsError`: the mapper restarts
+  from its persisted state, which re-produces the dropped rows.
 """
 
 from __future__ import annotations
@@ -16,8 +25,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from millstream.exceptions import WindowLostRowsError
-from millstream.ledger import read_numbering, read_reducer_state
+from millstream.exceptions import MapperSupersededError, SplitBrainError, WindowLostRowsError
+from millstream.ledger import MapperState, read_mapper_state, read_numbering, read_reducer_state
 from millstream.state import StoreTransaction
 
 
@@ -74,3 +83,34 @@ def superseded_instances(txn: StoreTransaction, served_by: Mapping[int, str]) ->
     reducer's commit transaction: rows of an instance a newer one took over from may be
     numbered differently from the newer one's, so they are not committed."""
     return {m: guid for m, guid in served_by.items() if read_numbering(txn, m) != guid}
+
+
+def check_mapper_state(
+    txn: StoreTransaction,
+    mapper_index: int,
+    mapper_guid: str,
+    persisted: MapperState,
+    *,
+    at_least_once: bool,
+) -> None:
+    """A mapper's check before it writes: the persisted state ``txn`` sees must be the one
+    the instance ``mapper_guid`` last saw (thesis 4.3.3 step 3).
+
+    Raises:
+        SplitBrainError: Another instance wrote the mapper's state.
+        MapperSupersededError: At least once, another instance took over the numbering of
+            the mapper's rows.
+    """
+    if at_least_once:
+        owner = read_numbering(txn, mapper_index)
+        if owner != mapper_guid:
+            raise MapperSupersededError(
+                f"mapper {mapper_index}: instance {owner} took over the numbering of this "
+                f"mapper's rows from instance {mapper_guid}, which stops"
+            )
+    current = read_mapper_state(txn, mapper_index)
+    if current != persisted:
+        raise SplitBrainError(
+            f"mapper {mapper_index}: persisted state changed under this instance "
+            f"({persisted} -> {current}); another instance is running"
+        )
