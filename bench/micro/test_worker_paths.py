@@ -229,7 +229,7 @@ class StubMapper:
         self.rows = rows
 
     def handle_get_rows(
-        self, reducer: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self, reducer: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
     ) -> tuple[int, int, bytes]:
         if max_rows == 0:
             return 0, committed, b""

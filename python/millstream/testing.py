@@ -154,7 +154,7 @@ class InProcessTransport:
             committed_row_index=call.committed_row_index,
             max_rows=call.max_rows,
             max_bytes=call.max_bytes,
-            mapper_id=call.mapper_guid,
+            mapper_guid=call.mapper_guid,
             after_row_index=call.after_row_index,
             shuffle_indices=call.shuffle_indices,
             gather_rows=call.gather_rows,

@@ -101,15 +101,15 @@ def _pop_on_read(
     committed_row_index: int,
     max_rows: int,
     max_bytes: int,
-    mapper_id: str,
+    mapper_guid: str,
     **options: Any,
 ) -> tuple[int, int, bytes]:
     """Mutant (b): treat the rows just read as committed (pop the bucket on read)."""
     count, last, payload = _real_get_rows(
-        self, reducer_index, committed_row_index, max_rows, max_bytes, mapper_id, **options
+        self, reducer_index, committed_row_index, max_rows, max_bytes, mapper_guid, **options
     )
     if count:
-        _real_get_rows(self, reducer_index, last, 1, max_bytes, mapper_id)
+        _real_get_rows(self, reducer_index, last, 1, max_bytes, mapper_guid)
     return count, last, payload
 
 
@@ -266,7 +266,7 @@ def _get_rows_ignoring_guid(
     committed_row_index: int,
     max_rows: int,
     max_bytes: int,
-    mapper_id: str,
+    mapper_guid: str,
     **options: Any,
 ) -> tuple[int, int, bytes]:
     """Mutant (k): GetRows serves whoever calls, whatever mapper instance they meant."""

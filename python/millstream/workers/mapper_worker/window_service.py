@@ -120,7 +120,7 @@ class WindowService:
         committed_row_index: int,
         max_rows: int,
         max_bytes: int,
-        mapper_id: str,
+        mapper_guid: str,
         *,
         after_row_index: int | None = None,
         shuffle_indices: bool = False,
@@ -130,11 +130,11 @@ class WindowService:
         with their shuffle indices as a last column when ``shuffle_indices``.
 
         Raises:
-            StaleMapperError: ``mapper_id`` is not this instance's GUID (the message names
+            StaleMapperError: ``mapper_guid`` is not this instance's GUID (the message names
                 no instance: the GUID is what lets a caller in).
             ValueError: ``reducer_index`` is not a reducer of the processor.
         """
-        if mapper_id != self.guid:
+        if mapper_guid != self.guid:
             raise StaleMapperError(
                 f"GetRows for mapper {self.index} named an instance that does not serve it: "
                 "the caller's discovery entry is stale; refresh discovery"
