@@ -1,5 +1,5 @@
-"""The reducer worker (thesis 4.4.2): its state, the view a round starts from, and the
-loop.
+"""The reducer worker (thesis 4.4.2): the view a round starts from, the round, and the
+loop (the instance's state: :mod:`.instance`).
 
 :meth:`ReducerWorker.run_once` is one iteration of the main procedure, a plain method a
 simulation can drive; :meth:`~ReducerWorker.run` is the thin loop around it. The steps live
