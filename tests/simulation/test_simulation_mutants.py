@@ -34,6 +34,7 @@ from millstream.rpc.calls import GetRowsCall
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers.reducer_worker import commit as reducer_commit
+from millstream.workers.reducer_worker import spill_reads as reducer_spill_reads
 from millstream.workers.reducer_worker.pending_queue import PendingQueue
 
 from tests.simulation.test_protocol_simulation import (
@@ -373,7 +374,7 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
         _read_cut_without_check,
     ),
     "reducer_ignores_spilled_rows": (ReducerWorker, "_read_spilled", _ignore_spill),
-    "reducer_keeps_consumed_spill": (reducer_commit, "clear_spill", _keep_spill),
+    "reducer_keeps_consumed_spill": (reducer_spill_reads, "clear_spill", _keep_spill),
     "mapper_restarts_from_stale_state": (
         MapperWorker,
         "start_ingestion",

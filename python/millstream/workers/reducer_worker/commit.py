@@ -18,7 +18,6 @@ from millstream.exceptions import (
     UserCodeError,
 )
 from millstream.ledger import ReducerState, read_reducer_state, reduced_key, write_reducer_state
-from millstream.ledger.spill import clear_spill
 from millstream.outputs import StagedOutputs
 from millstream.state import StoreTransaction
 from millstream.state.replay import ReplayingTransaction
@@ -26,6 +25,7 @@ from millstream.workers.fencing import superseded_instances
 from millstream.workers.reducer_worker.instance import ReducerInstance
 from millstream.workers.reducer_worker.round_record import Round
 from millstream.workers.reducer_worker.settling import ROUND
+from millstream.workers.reducer_worker.spill_reads import clear_committed_spill
 
 log = logging.getLogger("millstream.reducer")
 
@@ -99,8 +99,7 @@ class ReducerCommit(ReducerInstance):
                         txn.reset()
                         return False
                 write_reducer_state(txn, self.index, new)
-                for m, through in consumed.items():
-                    clear_spill(txn, self.index, m, through)
+                clear_committed_spill(txn, self.index, consumed)
                 txn.add(reduced_key(self.index, "rows"), rows)
                 txn.add(reduced_key(self.index, "bytes"), fetched)
                 txn.add(reduced_key(self.index, "commits"), 1)

@@ -4,6 +4,8 @@ committed."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -11,7 +13,17 @@ import pyarrow.compute as pc
 from millstream import _core
 from millstream.exceptions import RetryableStoreError, StoreUnavailableError, UserCodeError
 from millstream.ledger.spill import clear_spill, read_spill, spill_pending
+from millstream.state import StoreTransaction
 from millstream.workers.reducer_worker.instance import ReducerInstance
+
+
+def clear_committed_spill(
+    txn: StoreTransaction, reducer_index: int, committed: Mapping[int, int]
+) -> None:
+    """Clear in ``txn`` the chunks spilled for the reducer whose rows it committed
+    (``committed``: mapper index: shuffle index), in the commit that holds them or later."""
+    for m, through in committed.items():
+        clear_spill(txn, reducer_index, m, through)
 
 
 class SpillReads(ReducerInstance):
@@ -50,8 +62,7 @@ class SpillReads(ReducerInstance):
         of a commit late may spill rows the reducer had committed from its window)."""
         txn = self.store.create_transaction()
         try:
-            for m, through in enumerate(committed):
-                clear_spill(txn, self.index, m, through)
+            clear_committed_spill(txn, self.index, dict(enumerate(committed)))
             txn.commit()
         except (RetryableStoreError, StoreUnavailableError) as exc:
             self._note_error("clearing committed spilled rows", exc)
