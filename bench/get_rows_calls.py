@@ -43,7 +43,7 @@ class _WindowHandler:
         self.window.push(batch, parts, ROWS, b"bench")
 
     def handle_get_rows(
-        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
     ) -> tuple[int, int, bytes]:
         return self.window.get_rows(reducer_index, committed, max_rows, max_bytes, None, False)
 

@@ -33,7 +33,7 @@ class FixedPayload:
         self.payload = payload
 
     def handle_get_rows(
-        self, reducer: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self, reducer: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
     ) -> tuple[int, int, bytes]:
         if max_rows == 0 or self.rows == 0:
             return 0, committed, b""

@@ -33,7 +33,7 @@ from millstream.ledger import (
 from millstream.state import Store, StoreTransaction, pack
 from millstream.testing import InProcessTransport
 from millstream.workers import MapperWorker, ReducerWorker
-from millstream.workers.metrics import MULTIPROC_ENV, WorkerMetrics
+from millstream.workers.prometheus import MULTIPROC_ENV, WorkerMetrics
 
 from bench.micro.conftest import input_batch
 
@@ -229,7 +229,7 @@ class StubMapper:
         self.rows = rows
 
     def handle_get_rows(
-        self, reducer: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self, reducer: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
     ) -> tuple[int, int, bytes]:
         if max_rows == 0:
             return 0, committed, b""

@@ -34,7 +34,7 @@ from millstream.workers.clock import ManualClock
 if TYPE_CHECKING:
     from millstream.processor import Processor
     from millstream.state import StoreTransaction
-    from millstream.workers.mapper import MapperWorker
+    from millstream.workers.mapper_worker import MapperWorker
 
 __all__ = ["InProcessTransport", "ManualClock", "MemoryInput", "MemoryReader", "run_in_process"]
 
@@ -154,7 +154,7 @@ class InProcessTransport:
             committed_row_index=call.committed_row_index,
             max_rows=call.max_rows,
             max_bytes=call.max_bytes,
-            mapper_id=call.mapper_guid,
+            mapper_guid=call.mapper_guid,
             after_row_index=call.after_row_index,
             shuffle_indices=call.shuffle_indices,
             gather_rows=call.gather_rows,
@@ -227,8 +227,8 @@ def run_in_process(processor: Processor, *, max_rounds: int = 100_000) -> None:
         RuntimeError: The input did not drain within ``max_rounds`` rounds (an unbounded
             input never does).
     """
-    from millstream.workers.mapper import MapperWorker
-    from millstream.workers.reducer import ReducerWorker
+    from millstream.workers.mapper_worker import MapperWorker
+    from millstream.workers.reducer_worker import ReducerWorker
 
     clock = ManualClock()
     transport = InProcessTransport()

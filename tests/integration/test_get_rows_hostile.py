@@ -142,7 +142,7 @@ def _request(
 ) -> tuple[str, millstream_pb2.GetRowsRequest]:
     m = fields["mapper"]
     address, guid = mappers[m]
-    mapper_id = {
+    mapper_guid = {
         "real": guid,
         "other mapper": mappers[1 - m][1],
         "empty": "",
@@ -159,7 +159,7 @@ def _request(
         count=fields["count"],
         reducer_index=reducer,
         committed_row_index=max(-(2**63), committed),
-        mapper_id=mapper_id,
+        mapper_guid=mapper_guid,
         max_bytes=fields["max_bytes"],
         wait_ms=fields["wait_ms"],
         gather_rows=fields["gather_rows"],
@@ -204,7 +204,7 @@ def test_hostile_get_rows_lose_nothing_and_stop_nobody(
                     details = str(exc.details())
                     if exc.code() not in ANSWERS:
                         refused.append(f"{exc.code()}: {details} for {request}")
-                    revealed += [g for g in guids if g in details and g != request.mapper_id]
+                    revealed += [g for g in guids if g in details and g != request.mapper_guid]
             time.sleep(fields["pause_ms"] / 1000)
         ATTACKED.set()
         drained = workers.wait(90)

@@ -115,7 +115,7 @@ def _forge(address: str, guid: str, reducer: int, committed: int) -> None:
                 count=0,
                 reducer_index=reducer,
                 committed_row_index=committed,
-                mapper_id=guid,
+                mapper_guid=guid,
                 max_bytes=1,
             ),
             timeout=5,

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
 
 
     class Empty:
-        def handle_get_rows(self, reducer, committed, max_rows, max_bytes, mapper_id):
+        def handle_get_rows(self, reducer, committed, max_rows, max_bytes, mapper_guid):
             return 0, committed, b""
 
 

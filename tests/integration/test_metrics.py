@@ -20,7 +20,7 @@ import pytest
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import summarize
 from millstream.runner.local import LocalRunner
-from millstream.workers.metrics import COMMIT_SECONDS_BUCKETS
+from millstream.workers.prometheus import COMMIT_SECONDS_BUCKETS
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.jobs import (

@@ -40,7 +40,7 @@ class Handler:
         self.calls = 0
 
     def handle_get_rows(
-        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
     ) -> tuple[int, int, bytes]:
         self.calls += 1
         return self.window.get_rows(reducer_index, committed, max_rows, max_bytes)

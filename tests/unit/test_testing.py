@@ -51,9 +51,9 @@ def test_memory_input_reads_in_batches_and_records_trims() -> None:
 def test_the_transport_routes_by_address_and_reports_what_is_unreachable() -> None:
     class Answer:
         def handle_get_rows(
-            self, reducer: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+            self, reducer: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
         ) -> tuple[int, int, bytes]:
-            return 1, committed + 1, mapper_id.encode()
+            return 1, committed + 1, mapper_guid.encode()
 
     transport = InProcessTransport()
     transport.bind("a:1", Answer())

@@ -23,7 +23,7 @@ class WorkerInfo:
     ``registration`` orders instances by when they registered (a counter incremented in
     the registering transaction), and ``beats`` advances with every heartbeat, so that an
     observer can tell a live entry from a dead one on its own clock
-    (:class:`millstream.workers.discovery.DiscoveryView`).
+    (:class:`millstream.workers.discovery_view.DiscoveryView`).
 
     Attributes:
         role: ``"mapper"`` or ``"reducer"``.

@@ -103,9 +103,9 @@ def read_numbering(txn: StoreTransaction, mapper_index: int) -> str | None:
         raise bad_record(f"numbering of mapper {mapper_index}", raw, exc) from exc
 
 
-def write_numbering(txn: StoreTransaction, mapper_index: int, guid: str) -> None:
-    """Make instance ``guid``'s numbering the one that counts for ``mapper_index``."""
-    txn.set(numbering_key(mapper_index), pack((guid,)))
+def write_numbering(txn: StoreTransaction, mapper_index: int, mapper_guid: str) -> None:
+    """Make instance ``mapper_guid``'s numbering the one that counts for ``mapper_index``."""
+    txn.set(numbering_key(mapper_index), pack((mapper_guid,)))
 
 
 def mapped_key(mapper_index: int, what: str) -> tuple[str, str, int, str]:

@@ -155,7 +155,7 @@ class StagedOutputs:
         """Around a transaction that carries these outputs: if the block raises, reset
         ``txn`` and delete the staged files, unless the commit's outcome is unknown (their
         records may have landed: the reducer's next rounds, the next instance or a reader
-        publish them, see :mod:`millstream.workers.settling`)."""
+        publish them, see :mod:`millstream.workers.reducer_worker.settling`)."""
         try:
             yield
         except CommitUnknownResultError:

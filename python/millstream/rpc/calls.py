@@ -187,7 +187,7 @@ class RowsHandler(Protocol):
         committed_row_index: int,
         max_rows: int,
         max_bytes: int,
-        mapper_id: str,
+        mapper_guid: str,
         *,
         after_row_index: int | None = None,
         shuffle_indices: bool = False,

@@ -162,7 +162,7 @@ class GrpcRowsClient:
             count=call.max_rows,
             reducer_index=call.reducer_index,
             committed_row_index=call.committed_row_index,
-            mapper_id=call.mapper_guid,
+            mapper_guid=call.mapper_guid,
             max_bytes=call.max_bytes,
             wait_ms=round(call.wait_seconds * 1000),
             gather_rows=call.gather_rows,

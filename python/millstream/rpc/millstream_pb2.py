@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmillstream/millstream.proto\x12\nmillstream\"\x1e\n\x0bHoldRequest\x12\x0f\n\x07hold_ms\x18\x01 \x01(\x03\"\x0e\n\x0cHoldResponse\"\xff\x01\n\x0eGetRowsRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\x12\x15\n\rreducer_index\x18\x02 \x01(\x03\x12\x1b\n\x13\x63ommitted_row_index\x18\x03 \x01(\x03\x12\x11\n\tmapper_id\x18\x04 \x01(\t\x12\x11\n\tmax_bytes\x18\x05 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x06 \x01(\x03\x12\x13\n\x0bgather_rows\x18\x07 \x01(\x03\x12\x1c\n\x0f\x61\x66ter_row_index\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\x0fshuffle_indices\x18\t \x01(\x08\x12\x13\n\x0bstart_in_ms\x18\n \x01(\x03\x42\x12\n\x10_after_row_index\"|\n\x0fGetRowsResponse\x12\x11\n\trow_count\x18\x01 \x01(\x03\x12\x1e\n\x16last_shuffle_row_index\x18\x02 \x01(\x03\x12\x11\n\tarrow_ipc\x18\x03 \x01(\x0c\x12\x0e\n\x06\x62\x65hind\x18\x04 \x01(\x08\x12\x13\n\x0binput_ended\x18\x05 \x01(\x08\x32\x87\x01\n\x06Mapper\x12\x42\n\x07GetRows\x12\x1a.millstream.GetRowsRequest\x1a\x1b.millstream.GetRowsResponse\x12\x39\n\x04Hold\x12\x17.millstream.HoldRequest\x1a\x18.millstream.HoldResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmillstream/millstream.proto\x12\nmillstream\"\x1e\n\x0bHoldRequest\x12\x0f\n\x07hold_ms\x18\x01 \x01(\x03\"\x0e\n\x0cHoldResponse\"\x81\x02\n\x0eGetRowsRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\x12\x15\n\rreducer_index\x18\x02 \x01(\x03\x12\x1b\n\x13\x63ommitted_row_index\x18\x03 \x01(\x03\x12\x13\n\x0bmapper_guid\x18\x04 \x01(\t\x12\x11\n\tmax_bytes\x18\x05 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x06 \x01(\x03\x12\x13\n\x0bgather_rows\x18\x07 \x01(\x03\x12\x1c\n\x0f\x61\x66ter_row_index\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\x0fshuffle_indices\x18\t \x01(\x08\x12\x13\n\x0bstart_in_ms\x18\n \x01(\x03\x42\x12\n\x10_after_row_index\"|\n\x0fGetRowsResponse\x12\x11\n\trow_count\x18\x01 \x01(\x03\x12\x1e\n\x16last_shuffle_row_index\x18\x02 \x01(\x03\x12\x11\n\tarrow_ipc\x18\x03 \x01(\x0c\x12\x0e\n\x06\x62\x65hind\x18\x04 \x01(\x08\x12\x13\n\x0binput_ended\x18\x05 \x01(\x08\x32\x87\x01\n\x06Mapper\x12\x42\n\x07GetRows\x12\x1a.millstream.GetRowsRequest\x1a\x1b.millstream.GetRowsResponse\x12\x39\n\x04Hold\x12\x17.millstream.HoldRequest\x1a\x18.millstream.HoldResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,9 +36,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HOLDRESPONSE']._serialized_start=75
   _globals['_HOLDRESPONSE']._serialized_end=89
   _globals['_GETROWSREQUEST']._serialized_start=92
-  _globals['_GETROWSREQUEST']._serialized_end=347
-  _globals['_GETROWSRESPONSE']._serialized_start=349
-  _globals['_GETROWSRESPONSE']._serialized_end=473
-  _globals['_MAPPER']._serialized_start=476
-  _globals['_MAPPER']._serialized_end=611
+  _globals['_GETROWSREQUEST']._serialized_end=349
+  _globals['_GETROWSRESPONSE']._serialized_start=351
+  _globals['_GETROWSRESPONSE']._serialized_end=475
+  _globals['_MAPPER']._serialized_start=478
+  _globals['_MAPPER']._serialized_end=613
 # @@protoc_insertion_point(module_scope)

@@ -15,11 +15,11 @@ class HoldResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetRowsRequest(_message.Message):
-    __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_id", "max_bytes", "wait_ms", "gather_rows", "after_row_index", "shuffle_indices", "start_in_ms")
+    __slots__ = ("count", "reducer_index", "committed_row_index", "mapper_guid", "max_bytes", "wait_ms", "gather_rows", "after_row_index", "shuffle_indices", "start_in_ms")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     REDUCER_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_ROW_INDEX_FIELD_NUMBER: _ClassVar[int]
-    MAPPER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAPPER_GUID_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     GATHER_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -29,14 +29,14 @@ class GetRowsRequest(_message.Message):
     count: int
     reducer_index: int
     committed_row_index: int
-    mapper_id: str
+    mapper_guid: str
     max_bytes: int
     wait_ms: int
     gather_rows: int
     after_row_index: int
     shuffle_indices: bool
     start_in_ms: int
-    def __init__(self, count: _Optional[int] = ..., reducer_index: _Optional[int] = ..., committed_row_index: _Optional[int] = ..., mapper_id: _Optional[str] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., gather_rows: _Optional[int] = ..., after_row_index: _Optional[int] = ..., shuffle_indices: _Optional[bool] = ..., start_in_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, count: _Optional[int] = ..., reducer_index: _Optional[int] = ..., committed_row_index: _Optional[int] = ..., mapper_guid: _Optional[str] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., gather_rows: _Optional[int] = ..., after_row_index: _Optional[int] = ..., shuffle_indices: _Optional[bool] = ..., start_in_ms: _Optional[int] = ...) -> None: ...
 
 class GetRowsResponse(_message.Message):
     __slots__ = ("row_count", "last_shuffle_row_index", "arrow_ipc", "behind", "input_ended")

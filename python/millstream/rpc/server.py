@@ -48,12 +48,12 @@ class _Servicer(millstream_pb2_grpc.MapperServicer):
         # A thin adapter: the serving itself is serve_get_rows, as in process.
         try:
             result = serve_get_rows(
-                route(self._handlers, request.mapper_id),
+                route(self._handlers, request.mapper_guid),
                 reducer_index=request.reducer_index,
                 committed_row_index=request.committed_row_index,
                 max_rows=request.count,
                 max_bytes=request.max_bytes,
-                mapper_id=request.mapper_id,
+                mapper_guid=request.mapper_guid,
                 after_row_index=(
                     request.after_row_index if request.HasField("after_row_index") else None
                 ),

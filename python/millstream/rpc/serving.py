@@ -24,7 +24,7 @@ MAX_WAIT_SECONDS = 30.0
 """The longest a call may be held waiting for rows, whatever the request says."""
 
 
-def route(handlers: RowsHandler | Mapping[str, RowsHandler], mapper_id: str) -> RowsHandler:
+def route(handlers: RowsHandler | Mapping[str, RowsHandler], mapper_guid: str) -> RowsHandler:
     """The handler a call is for: the only one, or the mapper instance it names.
 
     Raises:
@@ -34,7 +34,7 @@ def route(handlers: RowsHandler | Mapping[str, RowsHandler], mapper_id: str) -> 
     """
     if not isinstance(handlers, Mapping):
         return handlers
-    handler = handlers.get(mapper_id)
+    handler = handlers.get(mapper_guid)
     if handler is None:
         raise StaleMapperError(
             "GetRows named a mapper instance that this server does not serve: the caller's "
@@ -57,7 +57,7 @@ def serve_get_rows(
     committed_row_index: int,
     max_rows: int,
     max_bytes: int,
-    mapper_id: str,
+    mapper_guid: str,
     after_row_index: int | None = None,
     shuffle_indices: bool = False,
     wait_seconds: float = 0.0,
@@ -74,7 +74,7 @@ def serve_get_rows(
         committed_row_index: The last shuffle index it committed from this mapper.
         max_rows: Row cap of the answer (0: only acknowledge ``committed_row_index``).
         max_bytes: Byte cap the caller asks for (0: the server's).
-        mapper_id: The instance GUID the call names.
+        mapper_guid: The instance GUID the call names.
         after_row_index: The caller's fetch position, if it keeps rows across commits.
         shuffle_indices: Return each row's shuffle index as a last column.
         wait_seconds: With no rows ready, how long the call may be held for some (at most
@@ -85,7 +85,7 @@ def serve_get_rows(
         is_active: Whether the caller still waits for the answer.
 
     Raises:
-        StaleMapperError: ``mapper_id`` is not the instance's GUID.
+        StaleMapperError: ``mapper_guid`` is not the instance's GUID.
         CommittedIndexError: The committed index went backwards or is invalid.
         ValueError: Another argument is out of range (a reducer index, a byte cap).
     """
@@ -109,7 +109,7 @@ def serve_get_rows(
     if later or gatherer is not None:
         # A call held before it is served acknowledges the committed index first (frees
         # memory, lets the mapper read on, persist and trim).
-        handler.handle_get_rows(reducer_index, committed_row_index, 0, max_bytes, mapper_id)
+        handler.handle_get_rows(reducer_index, committed_row_index, 0, max_bytes, mapper_guid)
     while later and is_active() and (left := start - time.monotonic()) > 0:
         time.sleep(min(left, 0.1))
     if gatherer is not None:
@@ -125,7 +125,7 @@ def serve_get_rows(
             committed_row_index,
             max(0, max_rows),
             max_bytes,
-            mapper_id,
+            mapper_guid,
             **options,
         )
         left = deadline - time.monotonic()

@@ -44,7 +44,7 @@ from millstream.runner.metrics import MetricsServer
 from millstream.runner.placement import WorkerHost
 from millstream.runner.publishers import PublisherProcesses
 from millstream.workers import run_worker
-from millstream.workers.metrics import MULTIPROC_ENV
+from millstream.workers.prometheus import MULTIPROC_ENV
 
 if TYPE_CHECKING:
     from millstream.processor import Processor

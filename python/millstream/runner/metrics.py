@@ -1,7 +1,7 @@
 """The runner's Prometheus endpoint: every worker's metrics and the runner's own, on one port.
 
 Workers write their metrics into a ``prometheus_client`` multiprocess directory (see
-:mod:`millstream.workers.metrics`); this serves that directory and the runner's restart
+:mod:`millstream.workers.prometheus`); this serves that directory and the runner's restart
 counts over HTTP at ``/metrics``, on loopback unless the user names another address
 (``metrics_host``).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from millstream.exceptions import ConfigurationError
 from millstream.rpc.address import LOOPBACK, host_port, is_loopback
-from millstream.workers.metrics import MULTIPROC_ENV
+from millstream.workers.prometheus import MULTIPROC_ENV
 
 
 class _RunnerCollector:

@@ -19,11 +19,11 @@ from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 from millstream.rpc.tls import TlsFiles, tls_files
 from millstream.state import Store, StoreTransaction
-from millstream.workers import metrics as prometheus
+from millstream.workers import prometheus
 from millstream.workers.clock import Backoff
-from millstream.workers.mapper import MapperWorker
-from millstream.workers.reducer import ReducerWorker
-from millstream.workers.status import MapperStatus, ReducerStatus
+from millstream.workers.mapper_worker import MapperWorker
+from millstream.workers.reducer_worker import ReducerWorker
+from millstream.workers.status_report import MapperStatus, ReducerStatus
 
 if TYPE_CHECKING:
     from millstream.processor import Processor

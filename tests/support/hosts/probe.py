@@ -29,7 +29,7 @@ class _Handler:
         self.window.push(batch, pa.array([0] * 100, pa.int32()), 100, b"t")
 
     def handle_get_rows(
-        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
     ) -> tuple[int, int, bytes]:
         return self.window.get_rows(reducer_index, -1, max_rows, max_bytes)
 

@@ -29,8 +29,9 @@ from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import GetRowsCall
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
-from millstream.workers import reducer as reducer_module
-from millstream.workers.pending import PendingQueue
+from millstream.workers.reducer_worker import commit as reducer_commit
+from millstream.workers.reducer_worker import spill_reads as reducer_spill_reads
+from millstream.workers.reducer_worker.pending_queue import PendingQueue
 
 
 def _state_then_writes(
@@ -74,15 +75,15 @@ def _pop_on_read(
     committed_row_index: int,
     max_rows: int,
     max_bytes: int,
-    mapper_id: str,
+    mapper_guid: str,
     **options: Any,
 ) -> tuple[int, int, bytes]:
     """Mutant (b): treat the rows just read as committed (pop the bucket on read)."""
     count, last, payload = _real_get_rows(
-        self, reducer_index, committed_row_index, max_rows, max_bytes, mapper_id, **options
+        self, reducer_index, committed_row_index, max_rows, max_bytes, mapper_guid, **options
     )
     if count:
-        _real_get_rows(self, reducer_index, last, 1, max_bytes, mapper_id)
+        _real_get_rows(self, reducer_index, last, 1, max_bytes, mapper_guid)
     return count, last, payload
 
 
@@ -239,7 +240,7 @@ def _get_rows_ignoring_guid(
     committed_row_index: int,
     max_rows: int,
     max_bytes: int,
-    mapper_id: str,
+    mapper_guid: str,
     **options: Any,
 ) -> tuple[int, int, bytes]:
     """Mutant (k): GetRows serves whoever calls, whatever mapper instance they meant."""
@@ -334,7 +335,7 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
         _reducer_trusts_unknown,
     ),
     "reducer_rereads_state_as_snapshot": (
-        reducer_module,
+        reducer_commit,
         "read_reducer_state",
         _snapshot_state_read,
     ),
@@ -346,7 +347,7 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
         _read_cut_without_check,
     ),
     "reducer_ignores_spilled_rows": (ReducerWorker, "_read_spilled", _ignore_spill),
-    "reducer_keeps_consumed_spill": (reducer_module, "clear_spill", _keep_spill),
+    "reducer_keeps_consumed_spill": (reducer_spill_reads, "clear_spill", _keep_spill),
     "mapper_restarts_from_stale_state": (
         MapperWorker,
         "start_ingestion",

@@ -58,14 +58,14 @@ def mappers(tmp_path: Path) -> Iterator[list[MapperWorker]]:
     store.close()
 
 
-def _details(address: str, mapper_id: str) -> str:
-    """The error details a caller outside the processor gets for ``mapper_id``."""
+def _details(address: str, mapper_guid: str) -> str:
+    """The error details a caller outside the processor gets for ``mapper_guid``."""
     with grpc.insecure_channel(address) as channel:
         stub = millstream_pb2_grpc.MapperStub(channel)  # type: ignore[no-untyped-call]
         with pytest.raises(grpc.RpcError) as caught:
             stub.GetRows(
                 millstream_pb2.GetRowsRequest(
-                    count=10, reducer_index=0, committed_row_index=-1, mapper_id=mapper_id
+                    count=10, reducer_index=0, committed_row_index=-1, mapper_guid=mapper_guid
                 ),
                 timeout=5,
             )

@@ -82,7 +82,7 @@ def _over_grpc(stub: Any, call: GetRowsCall) -> tuple[object, ...]:
         count=call.max_rows,
         reducer_index=call.reducer_index,
         committed_row_index=call.committed_row_index,
-        mapper_id=call.mapper_guid,
+        mapper_guid=call.mapper_guid,
         max_bytes=call.max_bytes,
         gather_rows=call.gather_rows,
         shuffle_indices=call.shuffle_indices,

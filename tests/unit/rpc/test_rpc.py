@@ -44,11 +44,11 @@ class WindowHandler:
         committed: int,
         max_rows: int,
         max_bytes: int,
-        mapper_id: str,
+        mapper_guid: str,
         **options: Any,
     ) -> tuple[int, int, bytes]:
-        if mapper_id != self.guid:
-            raise StaleMapperError(f"stale {mapper_id}")
+        if mapper_guid != self.guid:
+            raise StaleMapperError(f"stale {mapper_guid}")
         self.calls.append((reducer_index, committed, max_rows, max_bytes))
         self.options.append(options)
         return self.window.get_rows(
@@ -153,7 +153,7 @@ class SkewedHandler:
         self.window.push(batch, reducers, n, b"t")
 
     def handle_get_rows(
-        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
     ) -> tuple[int, int, bytes]:
         return self.window.get_rows(reducer_index, committed, max_rows, max_bytes)
 
@@ -189,7 +189,7 @@ def test_stale_guid_is_failed_precondition(served: tuple[WindowHandler, str]) ->
     channel = grpc.insecure_channel(address)
     stub = millstream_pb2_grpc.MapperStub(channel)  # type: ignore[no-untyped-call]
     request = millstream_pb2.GetRowsRequest(
-        count=1, reducer_index=0, committed_row_index=-1, mapper_id="old"
+        count=1, reducer_index=0, committed_row_index=-1, mapper_guid="old"
     )
     with pytest.raises(grpc.RpcError) as caught:
         stub.GetRows(request, timeout=5)
@@ -261,11 +261,11 @@ class FreezableHandler(WindowHandler):
         self.requests = 0
 
     def handle_get_rows(
-        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_id: str
+        self, reducer_index: int, committed: int, max_rows: int, max_bytes: int, mapper_guid: str
     ) -> tuple[int, int, bytes]:
         self.requests += 1
         self.thawed.wait(30)
-        return super().handle_get_rows(reducer_index, committed, max_rows, max_bytes, mapper_id)
+        return super().handle_get_rows(reducer_index, committed, max_rows, max_bytes, mapper_guid)
 
 
 def test_a_frozen_mapper_holds_no_round_and_its_late_answer_is_used_once(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import millstream as ms
 import pyarrow as pa
 import pytest
-from millstream.workers.cadence import CommitCadence
+from millstream.workers.reducer_worker.cadence import CommitCadence
 
 
 def test_cheap_commits_keep_the_commit_interval() -> None:

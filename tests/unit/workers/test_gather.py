@@ -154,7 +154,7 @@ def test_a_reducer_gathers_a_commits_worth_while_its_mappers_are_behind(
         on = gather_seconds > 0
         assert reducer.gathering is on  # mappers are assumed behind at start
         assert reducer._gather_rows(1_000, 8_000) == (1_000 if on else 0)  # row size unknown
-        reducer._row_bytes = 16.0
+        reducer.fetch_sizing.row_bytes = 16.0
         assert reducer._gather_rows(1_000, 8_000) == (500 if on else 0)  # the byte cap binds
         reducer.behind = False
         assert not reducer.gathering

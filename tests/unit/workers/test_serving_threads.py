@@ -20,20 +20,20 @@ from types import FrameType
 from typing import Any
 
 import millstream as ms
+import millstream.workers as workers_package
 import pyarrow as pa
 import pytest
 from millstream.exceptions import MillstreamError, WindowLostRowsError
 from millstream.ledger import read_mapper_state
 from millstream.testing import MemoryInput
 from millstream.workers import MapperWorker
-from millstream.workers import mapper as mapper_module
 
 ROWS = 300
 BATCH = 100
 FORGED = 10**9
 """A committed index no reducer reached: it claims every row the mapper will ever make."""
 
-WORKERS_DIR = str(Path(mapper_module.__file__).parent)
+WORKERS_DIR = str(Path(workers_package.__file__).parent)
 
 
 class ByKey(ms.Mapper):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from millstream.workers import ManualClock
-from millstream.workers.status import TimeSpent
+from millstream.workers.status_report import TimeSpent
 
 
 @pytest.fixture

@@ -38,8 +38,8 @@ from millstream.state import StoreTransaction, decode_int64, encode_int64
 from millstream.state.limits import StoreLimits
 from millstream.testing import InProcessTransport
 from millstream.workers import Heartbeat, MapperWorker, ReducerWorker
-from millstream.workers.reducer import Round
-from millstream.workers.status import TimeSpent
+from millstream.workers.reducer_worker import Round
+from millstream.workers.status_report import TimeSpent
 
 from tests.support.worker_fixtures import (
     BATCH_ROWS,

@@ -21,10 +21,10 @@ from millstream.exceptions import (
 from millstream.ledger import drained_marker_key
 from millstream.outputs import finish_publishing, seal_queues
 from millstream.state.replay import ReplayingTransaction
-from millstream.workers.settling import DRAIN
+from millstream.workers.reducer_worker.settling import DRAIN
 
 if TYPE_CHECKING:
-    from millstream.workers.reducer import ReducerWorker
+    from millstream.workers.reducer_worker import ReducerWorker
 
 
 def finish(worker: ReducerWorker) -> bool:

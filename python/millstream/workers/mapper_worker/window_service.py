@@ -2,7 +2,7 @@
 ingestion thread reads, maps and restarts the window.
 
 **Threads.** The state those threads share is one immutable :class:`ServingState`: the
-window, the claims made against that window (:mod:`millstream.workers.claims`) and whether
+window, the claims made against that window (:mod:`millstream.workers.fencing`) and whether
 the input ended. It is never changed field by field: the ingestion thread builds a new
 object and swaps it in whole, only in :meth:`WindowService._swap`, under the lock that also
 wakes the calls waiting for rows. A reader takes the current object once and decides from
@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 from millstream import _core
 from millstream.exceptions import StaleMapperError
-from millstream.workers.claims import Claims
 from millstream.workers.clock import Clock
+from millstream.workers.fencing import Claims
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class ServingState:
 
 class WindowService:
     """GetRows served from one mapper instance's window: the base of
-    :class:`~millstream.workers.mapper.MapperWorker`, which reads the input into it.
+    :class:`~millstream.workers.mapper_worker.MapperWorker`, which reads the input into it.
 
     Args:
         index: The mapper's index (its input partition).
@@ -120,7 +120,7 @@ class WindowService:
         committed_row_index: int,
         max_rows: int,
         max_bytes: int,
-        mapper_id: str,
+        mapper_guid: str,
         *,
         after_row_index: int | None = None,
         shuffle_indices: bool = False,
@@ -130,11 +130,11 @@ class WindowService:
         with their shuffle indices as a last column when ``shuffle_indices``.
 
         Raises:
-            StaleMapperError: ``mapper_id`` is not this instance's GUID (the message names
+            StaleMapperError: ``mapper_guid`` is not this instance's GUID (the message names
                 no instance: the GUID is what lets a caller in).
             ValueError: ``reducer_index`` is not a reducer of the processor.
         """
-        if mapper_id != self.guid:
+        if mapper_guid != self.guid:
             raise StaleMapperError(
                 f"GetRows for mapper {self.index} named an instance that does not serve it: "
                 "the caller's discovery entry is stale; refresh discovery"

@@ -1,0 +1,317 @@
+"""Ingest (thesis 4.3.3): read the partition, check the persisted state, ``map``, and push
+each batch into the window; the shuffle numbering (taken over by a new instance at least
+once) and the batch plans that make it reproducible after a restart."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+
+from millstream import _core
+from millstream.api import Partitioned
+from millstream.exceptions import (
+    ConfigurationError,
+    InputError,
+    MemoryLimitError,
+    MillstreamError,
+    StoreConflictError,
+    UserCodeError,
+)
+from millstream.inputs.base import ReadResult, WaitingReader
+from millstream.ledger import (
+    MapperState,
+    plan_key,
+    read_mapper_state,
+    read_processor_info,
+    read_reducer_state,
+    read_rescale,
+    write_mapper_state,
+    write_numbering,
+)
+from millstream.ledger.spill import spilled_through
+from millstream.rpc.calls import max_payload_bytes
+from millstream.state import StoreTransaction, pack, unpack
+from millstream.workers.mapper_worker.instance import MapperInstance
+
+
+class Ingestion(MapperInstance):
+    """The mapper's ingestion steps (a part of :class:`MapperWorker`)."""
+
+    def start_ingestion(self) -> None:
+        """Load the persisted state and start a fresh window from it (step 0 of 4.3.3).
+
+        At least once, the instance first takes over the mapper's numbering
+        (:meth:`_take_numbering`). Rows spilled for stragglers are never buffered again.
+        """
+        if self.processor.at_least_once:
+            self.persisted = self.store.transact(self._take_numbering)
+        with self.store.read() as txn:
+            if not self.processor.at_least_once:
+                self.persisted = read_mapper_state(txn, self.index)
+            plan = read_rescale(txn)
+            self.rescale_through = None if plan is None else plan.committed[self.index]
+            info = read_processor_info(txn)
+            spilled = [
+                spilled_through(txn, r, self.index) for r in range(self.processor.num_reducers)
+            ]
+        if info is not None and info.num_reducers != self.processor.num_reducers:
+            # A worker of the shape before a rescale (which bumped every mapper's state,
+            # so that a live one gets here): its buckets are not the reducers' any more.
+            raise ConfigurationError(
+                f"mapper {self.index}: the processor now has {info.num_reducers} reducers "
+                f"(rescaled) but this worker was started with {self.processor.num_reducers}; "
+                "stop it and start the processor with the new count"
+            )
+        old = self.window
+        window = _core.Window(
+            self.processor.num_reducers,
+            self.memory_limit_bytes,
+            self.persisted.input_unread_row_index,
+            self.persisted.shuffle_unread_row_index,
+            self.persisted.continuation_token,
+            max_payload_bytes=max_payload_bytes(self.tuning.grpc_max_message_bytes),
+        )
+        for r, through in enumerate(spilled):
+            if through >= 0:  # rows in the store already: never buffered again
+                window.mark_spilled(r, through)
+        # One swap: the window with new, empty claims and its input not ended
+        # (:mod:`.window_service`); a GetRows sees the old state or the new.
+        self.window = window
+        if old is not None:
+            old.close()
+        self._token = self.persisted.continuation_token
+        self.behind = True  # until the first read says otherwise
+        self._batches_unpersisted = 0
+        self._input_trimmed_to = None
+
+    def _take_numbering(self, txn: StoreTransaction) -> MapperState:
+        """At least once: make this instance's numbering the one reducers commit from.
+
+        No batch boundaries are recorded, so this instance may cut the input after the
+        persisted state differently from the one before, and its shuffle indices would
+        name other rows. It therefore numbers its rows above every reducer's committed
+        index and every spilled row (each reducer then receives every row after the
+        persisted state: some of them again, none lost), and names itself in
+        :func:`numbering_key`, which reducers check in the transaction that commits rows:
+        rows an earlier instance served can no longer be committed. Reducer states are
+        read with conflicts, so a reducer's commit and this takeover are ordered one way or
+        the other.
+
+        Returns:
+            The persisted state the window starts from.
+        """
+        state = read_mapper_state(txn, self.index)
+        m = self.processor.num_partitions
+        committed = max(
+            max(
+                read_reducer_state(txn, r, m).committed_row_indices[self.index],
+                spilled_through(txn, r, self.index),
+            )
+            for r in range(self.processor.num_reducers)
+        )
+        write_numbering(txn, self.index, self.guid)
+        if committed < state.shuffle_unread_row_index:
+            return state
+        return write_mapper_state(
+            txn,
+            self.index,
+            MapperState(
+                state.input_unread_row_index,
+                committed + 1,
+                state.continuation_token,
+                state.version,
+            ),
+        )
+
+    def ingest_once(self) -> bool:
+        """Read, check, map and push one batch. Returns whether rows were appended.
+
+        Raises:
+            SplitBrainError: Another instance wrote this mapper's state; restart ingestion.
+            UserCodeError: ``map`` raised or returned something unusable.
+        """
+        window = self._require_window()
+        begin = window.snapshot().input_end_row_index
+        if self._past_rescale_cut(window):
+            self.end_of_input = True  # a rescale's run: the input ends here
+            self._notify_rows()
+            return False
+        try:
+            result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
+        except InputError:
+            self._check_persisted()  # another instance may have trimmed what this one reads
+            raise
+        self._check_persisted()
+        batch = result.batch
+        rows = 0 if batch is None else batch.num_rows
+        # Told to gathering reducers only once this batch's rows are in the window (below),
+        # or a reducer that stops gathering would leave them for another commit.
+        behind = rows >= self.tuning.batch_rows and not result.end_of_input
+        if batch is None or rows == 0:
+            self.behind = behind
+            self._notify_rows()  # a reducer gathering rows stops waiting for more
+            self.end_of_input = result.end_of_input
+            if result.continuation_token != self._token:
+                window.push(_EMPTY, _EMPTY_INDICES, begin, result.continuation_token)
+                self._token = result.continuation_token
+            return False
+        end = self.plan_batch(begin, begin + rows)
+        if end != begin + rows:
+            result = self._read_cut(begin, end)
+            batch = result.batch
+            assert batch is not None
+            rows = batch.num_rows
+        try:
+            mapped = self.user.map(batch)
+        except Exception as exc:
+            raise UserCodeError(
+                f"map of mapper {self.index} raised on input rows [{begin}, {end}): {exc!r}. "
+                "Nothing of these rows was sent; fix the mapper and restart the processor"
+            ) from exc
+        if not isinstance(mapped, Partitioned):
+            raise UserCodeError(
+                f"map of mapper {self.index} returned {type(mapped).__name__} for input rows "
+                f"[{begin}, {end}); it must return millstream.Partitioned"
+            )
+        try:
+            held = window.snapshot().buffered_bytes
+            window.push(mapped.batch, mapped.reducer_indices, end, result.continuation_token)
+            self._entry_bytes.append(max(0, window.snapshot().buffered_bytes - held))
+            self.behind = behind
+            self._notify_rows()
+        except MemoryLimitError as exc:
+            raise ConfigurationError(
+                f"mapper {self.index}: the rows mapped from input rows [{begin}, {end}) alone "
+                f"need more than the window's memory limit ({self.memory_limit_bytes} bytes): "
+                f"{exc}. Lower tuning.batch_rows or raise tuning.memory_limit_bytes (a mapper "
+                "reading several partitions gives each an equal share of it)"
+            ) from exc
+        except MillstreamError as exc:
+            raise UserCodeError(
+                f"map of mapper {self.index} produced unusable rows for input rows "
+                f"[{begin}, {end}): {exc}"
+            ) from exc
+        self._token = result.continuation_token
+        self.end_of_input = result.end_of_input or self._past_rescale_cut(window)
+        self.rows_read += rows
+        self.rows_shuffled += mapped.batch.num_rows
+        self.batches += 1
+        self._batches_unpersisted += 1
+        return True
+
+    def _past_rescale_cut(self, window: _core.Window) -> bool:
+        """In a rescale's run: every row up to the last one an old reducer committed is
+        mapped (a batch boundary: the input ends here for this run)."""
+        through = self.rescale_through
+        return through is not None and window.snapshot().shuffle_end_row_index > through
+
+    def plan_batch(self, begin: int, end: int) -> int:
+        """Fix the boundaries of the batch starting at input row ``begin``; returns its end.
+
+        ``map`` may combine the rows of a batch (pre-aggregate), so the shuffle numbering is
+        only reproducible if a batch re-read after a restart, or by a second live instance,
+        has the same boundaries as the first time, whatever the input had available then.
+        The first instance to map a batch records ``[begin, end)`` in the store before any
+        of its rows can be sent; everyone after follows that record. Records below the
+        persisted input index are cleared by :meth:`trim_input_rows`.
+
+        The record is read and written with the persisted state checked in the same
+        transaction: another instance that persisted past ``begin`` since this one's last
+        check has cleared the records there, and recording a new cut would renumber rows
+        that reducers may already have committed.
+
+        At least once nothing is recorded: a new instance renumbers instead
+        (:meth:`_take_numbering`).
+
+        Returns:
+            ``end``, or the end another instance recorded first.
+
+        Raises:
+            SplitBrainError: Another instance wrote this mapper's state.
+        """
+        if self.processor.at_least_once:
+            return end
+        key = plan_key(self.index, begin)
+        for _ in range(10):
+            txn = self.store.create_transaction()
+            try:
+                self._verify_persisted(txn)
+                raw = txn.get(key)
+                if raw is not None:
+                    return int(unpack(raw)[0])
+                txn.set(key, pack((end,)))
+                txn.commit()
+                return end
+            except StoreConflictError:
+                continue
+            finally:
+                txn.reset()
+        raise StoreConflictError(f"mapper {self.index}: could not record the batch at {begin}")
+
+    def _read_cut(self, begin: int, end: int) -> ReadResult:
+        """Read input rows ``[begin, end)``: a batch whose end an earlier instance recorded.
+
+        Another live instance may persist past the batch and trim the input while this one
+        reads: the read then fails on trimmed rows, and the changed persisted state makes it
+        split brain (restart ingestion), as for the first read of the batch.
+
+        Raises:
+            SplitBrainError: Another instance wrote this mapper's state.
+            InputError: The input lost the rows and nobody else moved past them.
+        """
+        try:
+            result = self._read_exactly(begin, end)
+        except InputError:
+            self._check_persisted()
+            raise
+        self._check_persisted()
+        return result
+
+    def _read_exactly(self, begin: int, end: int) -> ReadResult:
+        """Input rows ``[begin, end)`` as one batch, reading from this instance's token."""
+        pieces: list[pa.RecordBatch] = []
+        token, at, end_of_input, idle = self._token, begin, False, 0
+        while at < end:
+            result = self.reader.read(at, end, token)
+            rows = 0 if result.batch is None else result.batch.num_rows
+            if rows == 0:
+                idle += 1
+                if result.end_of_input or idle > 100:
+                    raise InputError(
+                        f"mapper {self.index}: input rows [{begin}, {end}) were mapped before "
+                        f"(by an earlier instance) but the partition now gives none after row "
+                        f"{at}; the input lost rows it had. Restore them or start a new processor"
+                    )
+                token = result.continuation_token
+                self.clock.sleep(self.tuning.idle_seconds)
+                continue
+            assert result.batch is not None
+            if at + rows > end:
+                raise InputError(
+                    f"mapper {self.index}: the reader returned rows [{at}, {at + rows}) when asked "
+                    f"for rows up to {end}; a PartitionReader must not read past its hint"
+                )
+            pieces.append(result.batch)
+            at += rows
+            token, end_of_input = result.continuation_token, result.end_of_input
+        if len(pieces) == 1:
+            return ReadResult(pieces[0], token, end_of_input)
+        batch = pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+        return ReadResult(batch, token, end_of_input)
+
+    def _wait_for_input(self, stop: threading.Event) -> None:
+        """Wait ``idle_seconds`` at most after a read found no rows: woken by the next
+        append when the reader can wait for rows (:class:`WaitingReader`), else asleep."""
+        reader = self.reader
+        if self.end_of_input or not isinstance(reader, WaitingReader):
+            self.clock.sleep(self.tuning.idle_seconds, stop)
+            return
+        begin = self._require_window().snapshot().input_end_row_index
+        self.clock.wait(
+            lambda seconds: reader.wait_for_rows(begin, seconds), self.tuning.idle_seconds, stop
+        )
+
+
+_EMPTY = pa.RecordBatch.from_arrays([], names=[])
+_EMPTY_INDICES = pa.nulls(0, pa.int32())
