@@ -152,7 +152,7 @@ def _check_movable(processor: Processor) -> None:
             f"{reducer.__name__} cannot be rescaled: it is a QueueReducer, whose pending "
             "rows stay unfinished until later rows arrive, and it does not override "
             "QueueReducer.hand_over, which a rescale calls to store them, by key group, "
-            "for their new owners (PendingWindowReducer does). Override it, or start the "
+            "for their new owners (PendingPaneReducer does). Override it, or start the "
             "processor with the new count under a new name"
         )
 

@@ -181,7 +181,7 @@ class QueueRound:
             "reducer %d: its %d pending rows take %d bytes, half of or more than the mappers' "
             "tuning.memory_limit_bytes (%d): a mapper whose window fills reads no more input "
             "until rows are finished. Finish rows sooner, raise memory_limit_bytes, or keep "
-            "state in the store instead (ms.windows.WindowReducer for windows)",
+            "state in the store instead (ms.event_time.PaneReducer for event-time panes)",
             worker.index,
             len(pending),
             held,

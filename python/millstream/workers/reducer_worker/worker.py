@@ -97,7 +97,7 @@ class ReducerWorker(PlainRound, ReducerFigures):
         state, mappers, drained = self._read_view()
         self.settle_unknown_commits()
         self.last_state = state
-        self.user.drained_mappers = frozenset() if self.rescaling else frozenset(drained)
+        self.user.drained_partitions = frozenset() if self.rescaling else frozenset(drained)
         self.all_drained = len(drained) == self.processor.num_partitions and not self._spill_pending
         live = {
             m: info
