@@ -85,7 +85,7 @@ from millstream.ledger.subspaces import SYSTEM
 from millstream.processor import Processor
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
 from millstream.state import Store, open_store, pack
-from millstream.state.base import run_transaction
+from millstream.state.retry import run_transaction
 from millstream.testing import InProcessTransport, ManualClock
 from millstream.workers import MapperWorker, ReducerWorker
 

@@ -37,8 +37,9 @@ from millstream.inputs.base import ReadResult
 from millstream.inputs.queue_producer import QueueProducer
 from millstream.inputs.storable import check_storable
 from millstream.ledger import QUEUES
-from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import Key, decode_int64, encode_int64, pack, unpack
+from millstream.state.store import Store
+from millstream.state.transaction import StoreTransaction
 from millstream.state.url import open_store
 
 PART_BYTES = 90_000

@@ -10,8 +10,9 @@ from millstream.exceptions import ConfigurationError
 from millstream.ledger.mapper import drained_key, mapped_key, read_mapper_state
 from millstream.ledger.reducer import reduced_key
 from millstream.ledger.subspaces import SYSTEM, bad_record
-from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import decode_int64
+from millstream.state.store import Store
+from millstream.state.transaction import StoreTransaction
 
 DEFAULT_KEY_GROUPS = 128
 """Key groups of a processor that does not choose its own: the most reducers it can be

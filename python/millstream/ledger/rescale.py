@@ -42,8 +42,8 @@ from millstream.ledger.reducer import (
     write_reducer_state,
 )
 from millstream.ledger.spill import spill_pending, spilled_through
-from millstream.state.base import StoreTransaction
 from millstream.state.keys import decode_int64
+from millstream.state.transaction import StoreTransaction
 
 _TOTALS = ("rows", "bytes", "commits")
 

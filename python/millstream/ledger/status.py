@@ -10,7 +10,7 @@ from millstream.ledger.discovery import Metric, freshest_workers, list_workers, 
 from millstream.ledger.mapper import read_mapper_state
 from millstream.ledger.processor import read_processor_info
 from millstream.ledger.reducer import read_reducer_state
-from millstream.state.base import StoreTransaction
+from millstream.state.transaction import StoreTransaction
 
 REDUCER_ACTIVITIES = ("store", "reduce", "mapper_wait")
 """Where a reducer's time goes: its store transactions (reading its state and spills,

@@ -6,7 +6,8 @@ with injected dependencies (store, clock, reader, RPC client). :func:`run_worker
 heartbeat thread (:mod:`.heartbeat`) and the main loop.
 """
 
-from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock, ManualClock, SystemClock
+from millstream.backoff import Backoff
+from millstream.workers.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 from millstream.workers.heartbeat import Heartbeat
 from millstream.workers.mapper import MapperWorker
 from millstream.workers.reducer import ReducerWorker

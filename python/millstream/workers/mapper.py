@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from millstream import _core
 from millstream.api import Partitioned
+from millstream.backoff import Backoff
 from millstream.exceptions import (
     CommitUnknownResultError,
     ConfigurationError,
@@ -49,7 +50,7 @@ from millstream.ledger.spill import spilled_through, write_spill_chunk
 from millstream.rpc.calls import max_payload_bytes
 from millstream.state import Store, StoreTransaction, pack, unpack
 from millstream.workers.claims import check_claims
-from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
+from millstream.workers.clock import SYSTEM_CLOCK, Clock
 from millstream.workers.serving import ServingState, WindowService
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from millstream import _core
 from millstream.api import Transaction
+from millstream.backoff import Backoff
 from millstream.exceptions import (
     CommitUnknownResultError,
     MillstreamError,
@@ -51,7 +52,7 @@ from millstream.state import Store, StoreTransaction
 from millstream.state.replay import ReplayingTransaction
 from millstream.workers import drain
 from millstream.workers.cadence import CommitCadence
-from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock
+from millstream.workers.clock import SYSTEM_CLOCK, Clock
 from millstream.workers.discovery import DiscoveryView
 from millstream.workers.pending import PendingQueue
 from millstream.workers.settling import ROUND, UnsettledOutputs

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from millstream.backoff import Backoff
 from millstream.exceptions import ConfigurationError, RetryableStoreError, StoreUnavailableError
 from millstream.ledger import (
     Metric,
@@ -20,7 +21,6 @@ from millstream.rpc.server import RowsServer
 from millstream.rpc.tls import TlsFiles, tls_files
 from millstream.state import Store, StoreTransaction
 from millstream.workers import metrics as prometheus
-from millstream.workers.clock import Backoff
 from millstream.workers.mapper import MapperWorker
 from millstream.workers.reducer import ReducerWorker
 from millstream.workers.status import MapperStatus, ReducerStatus

@@ -14,7 +14,6 @@ from millstream.exceptions import (
     StoreError,
     StoreUnavailableError,
 )
-from millstream.state.base import Store
 from millstream.state.keys import Key, pack
 from millstream.state.limits import StoreLimits
 from millstream.state.sqlite.runs import (
@@ -40,6 +39,7 @@ from millstream.state.sqlite.sql import (
 )
 from millstream.state.sqlite.transaction import SqliteTransaction
 from millstream.state.sqlite.wakeups import Wakeups
+from millstream.state.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, cast
 from millstream.exceptions import (
     StoreConflictError,
 )
-from millstream.state.base import StoreTransaction
 from millstream.state.sqlite.runs import (
     SQL_LIST_RUNS,
     EncodedRun,
@@ -47,6 +46,7 @@ from millstream.state.sqlite.write_buffer import (
     apply_adds,
     compose,
 )
+from millstream.state.transaction import StoreTransaction
 
 if TYPE_CHECKING:
     from millstream.state.sqlite.store import SqliteStore
