@@ -16,14 +16,12 @@ from millstream.exceptions import (
 )
 from millstream.state.keys import Key, pack
 from millstream.state.limits import StoreLimits
+from millstream.state.sqlite.run_cache import RunCache
+from millstream.state.sqlite.run_merge import MergeLock, RunMerger, merge_runs
 from millstream.state.sqlite.runs import (
     DEFAULT_RUN_MIN_KEYS,
     SQL_ADD_RUN_GENERATION,
     SQL_CREATE_RUNS,
-    MergeLock,
-    RunCache,
-    RunMerger,
-    merge_runs,
 )
 from millstream.state.sqlite.sql import (
     APPLICATION_ID,

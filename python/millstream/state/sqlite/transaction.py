@@ -11,17 +11,15 @@ from typing import TYPE_CHECKING, Any, cast
 from millstream.exceptions import (
     StoreConflictError,
 )
+from millstream.state.sqlite.run_cache import fold_many, fold_range, fold_value
+from millstream.state.sqlite.run_merge import merge_due
+from millstream.state.sqlite.run_writer import RunWriter
 from millstream.state.sqlite.runs import (
     SQL_LIST_RUNS,
     EncodedRun,
     RunInfo,
-    RunWriter,
     becomes_run,
-    fold_many,
-    fold_range,
-    fold_value,
     list_runs,
-    merge_due,
 )
 from millstream.state.sqlite.sql import (
     IN_CHUNK,
