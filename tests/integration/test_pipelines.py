@@ -25,7 +25,8 @@ from jobs import (
 )
 from millstream.inputs import StoreQueue
 from millstream.outputs import ParquetSink
-from millstream.runner.local import LocalRunner, PipelineRunner
+from millstream.runner.local import LocalRunner
+from millstream.runner.pipeline import PipelineRunner
 from stores import ON_FDB
 
 CHAOS = tuning(
