@@ -10,7 +10,8 @@ from typing import Any, Literal
 from millstream.api import Mapper, Reducer, Tuning, WorkerSpec
 from millstream.exceptions import ConfigurationError
 from millstream.inputs.base import Input
-from millstream.ledger import DEFAULT_KEY_GROUPS, ProcessorInfo
+from millstream.key_groups import DEFAULT_KEY_GROUPS
+from millstream.ledger import ProcessorInfo
 from millstream.outputs import Output, check_outputs
 from millstream.queue_reducer import QueueReducer
 from millstream.state import Store, open_store, parse_store_url

@@ -8,7 +8,7 @@ from typing import Any
 
 from millstream.ledger.discovery import Metric, freshest_workers, list_workers, read_statuses
 from millstream.ledger.mapper import read_mapper_state
-from millstream.ledger.processor import read_processor_info
+from millstream.ledger.processor_record import read_processor_info
 from millstream.ledger.reducer import read_reducer_state
 from millstream.state.transaction import StoreTransaction
 

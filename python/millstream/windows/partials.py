@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream import _core
 from millstream.exceptions import ConfigurationError
 from millstream.windows.spec import Windows
 
@@ -199,16 +198,6 @@ def finish(partials: pa.Table, windows: Windows, plan: Plan, kind: pa.DataType) 
             columns[out] = ordered[plan.name(column, function)]
     result = pa.table(columns)
     return windows.finish(result) if windows.finish is not None else result
-
-
-def key_groups_of(table: pa.Table, plan: Plan, key_groups: int) -> np.ndarray:
-    """The key group of each row's key (int64), as :meth:`~millstream.Partitioned.by_hash`
-    computes it when the mapper routes the partials."""
-    keys = table.select([plan.key]).combine_chunks().to_batches()
-    if not keys:
-        return np.zeros(0, dtype=np.int64)
-    groups = _core.hash_partition(keys[0], [plan.key], key_groups)
-    return np.asarray(groups.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def value_type_error(column: str, kind: pa.DataType, function: str) -> str | None:

@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 
 from millstream.api import Transaction
+from millstream.key_groups import key_groups_of
 from millstream.state.keys import pack, unpack
 from millstream.windows.mapper import WATERMARK
-from millstream.windows.partials import START, Plan, decode, encode, key_groups_of
+from millstream.windows.partials import START, Plan, decode, encode
 
 NO_TIME = -(2**63)
 
@@ -75,7 +76,7 @@ def runs(
 ) -> tuple[pa.Table, list[tuple[int, int, int, int]]]:
     """``table`` ordered by key group and window, and its runs: ``(g, window_start, first
     row, end)``."""
-    groups = key_groups_of(table, plan, key_groups)
+    groups = key_groups_of(table, plan.key, key_groups)
     starts = np.asarray(table[START].to_numpy(), dtype=np.int64)
     order = np.lexsort((starts, groups))
     groups, starts = groups[order], starts[order]
