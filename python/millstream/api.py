@@ -19,7 +19,6 @@ from millstream.exceptions import ConfigurationError
 from millstream.key_groups import DEFAULT_KEY_GROUPS, key_group_range, route_by_hash
 from millstream.ledger import OUTPUT
 from millstream.state import StoreTransaction, decode_int64, decode_int64s
-from millstream.tuning import Tuning
 
 if TYPE_CHECKING:
     from millstream.inputs.store_queue import StoreQueue
@@ -387,4 +386,20 @@ class Reducer(ABC):
         """
 
 
-__all__ = ["Mapper", "Partitioned", "Reducer", "Transaction", "Tuning", "WorkerSpec"]
+def __getattr__(name: str) -> Any:
+    """``millstream.api.Tuning``: a deprecated path of :class:`millstream.Tuning`."""
+    if name == "Tuning":
+        import warnings
+
+        from millstream.tuning import Tuning
+
+        warnings.warn(
+            "millstream.api.Tuning moved: use millstream.Tuning (or millstream.tuning.Tuning)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Tuning
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["Mapper", "Partitioned", "Reducer", "Transaction", "WorkerSpec"]

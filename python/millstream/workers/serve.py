@@ -15,6 +15,7 @@ from millstream.ledger import (
     check_processor_info,
     drained_key,
 )
+from millstream.ledger.subspaces import check_role
 from millstream.rpc.address import LOOPBACK, check_exposure, host_port, mapper_address
 from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     from millstream.processor import Processor
 
 from millstream.workers.heartbeat import Heartbeat
-
-ROLES = ("mapper", "reducer")
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +67,7 @@ def run_worker(
         UserCodeError: The user's ``map`` or ``reduce`` raised (``on_user_error="stop"``).
         MillstreamError: Other failures, with what to do.
     """
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    check_role(role)
     count = processor.num_mappers if role == "mapper" else processor.num_reducers
     if not 0 <= index < count:
         raise ValueError(f"{role} index {index} out of range: the processor has {count}")
