@@ -39,6 +39,7 @@ lint:
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_sizes.py
 	$(BIN)/python scripts/gen_proto.py --check
 
 fmt:
