@@ -39,8 +39,8 @@ lint:
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python scripts/check_sizes.py
 	$(BIN)/python scripts/gen_proto.py --check
+	$(BIN)/python scripts/check_sizes.py
 
 fmt:
 	cargo fmt --all

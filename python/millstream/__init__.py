@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from millstream.queue_reducer import PendingRows, QueueReducer
     from millstream.runner.local import run_local
     from millstream.runner.pipeline import run_local_pipeline
-    from millstream.runner.rescale import RescaleSummary, rescale
+    from millstream.runner.rescaler import RescaleSummary, rescale
     from millstream.runner.signals import RunStopped
     from millstream.tuning import RestartStrategy, Tuning
 
@@ -54,7 +54,7 @@ _WHERE = {
     "QueueReducer": "millstream.queue_reducer",
     "ReadResult": "millstream.inputs.base",
     "Reducer": "millstream.api",
-    "RescaleSummary": "millstream.runner.rescale",
+    "RescaleSummary": "millstream.runner.rescaler",
     "RestartStrategy": "millstream.tuning",
     "RunStopped": "millstream.runner.signals",
     "RunSummary": "millstream.ledger",
@@ -63,7 +63,7 @@ _WHERE = {
     "WorkerSpec": "millstream.api",
     "run_local": "millstream.runner.local",
     "run_local_pipeline": "millstream.runner.pipeline",
-    "rescale": "millstream.runner.rescale",
+    "rescale": "millstream.runner.rescaler",
     "__version__": "millstream._core",
 }
 _SUBMODULES = ("exceptions", "inputs", "outputs", "windows")

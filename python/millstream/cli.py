@@ -110,7 +110,7 @@ def _rescale(args: argparse.Namespace) -> int:
 
     start_fork_server()
     processor = dataclasses.replace(load_processor(args.processor), num_reducers=args.reducers)
-    from millstream.runner.rescale import rescale
+    from millstream.runner.rescaler import rescale
     from millstream.runner.signals import RunStopped
 
     try:
@@ -126,7 +126,7 @@ def _metrics(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from millstream.runner.metrics import MetricsServer
+    from millstream.runner.metrics_server import MetricsServer
 
     directory = Path(args.directory)
     if not directory.is_dir():

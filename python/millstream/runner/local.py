@@ -35,7 +35,7 @@ from millstream.runner.forkserver import (
     start_fork_server,
     worker_context,
 )
-from millstream.runner.metrics import MetricsServer
+from millstream.runner.metrics_server import MetricsServer
 from millstream.runner.placement import WorkerHost
 from millstream.runner.publishers import PublisherProcesses
 from millstream.runner.signals import RunStopped, signals_stop_the_run
