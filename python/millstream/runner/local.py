@@ -1,4 +1,9 @@
-"""The local runner: one OS process per worker on this machine, restarted when it dies."""
+"""The local runner: one OS process per worker on this machine, supervised and restarted
+when it dies (:class:`LocalRunner`, :func:`run_local`).
+
+What each worker process runs is :mod:`millstream.runner.child`; several processors side by
+side, :mod:`millstream.runner.pipeline`.
+"""
 
 from __future__ import annotations
 

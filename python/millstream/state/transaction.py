@@ -368,7 +368,7 @@ class StoreTransaction(ABC):
         ``prefix`` instead of this store's. What lets a reducer append to a queue or record
         a sink's file, which live under their own prefixes, atomically with its commit.
         """
-        from millstream.state.scoped import ScopedTransaction
+        from millstream.state.scoped import ScopedTransaction  # a subclass of this one
 
         return ScopedTransaction(self, prefix)
 
