@@ -40,6 +40,7 @@ lint:
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/gen_proto.py --check
+	$(BIN)/python scripts/check_sizes.py
 
 fmt:
 	cargo fmt --all

@@ -59,7 +59,6 @@ from typing import Any
 
 import numpy as np
 
-from bench.latency import add_pipeline_arguments, make_pipeline, settings
 from bench.latency_stats import (
     first_time_at_or_below,
     fmt_ms,
@@ -67,6 +66,7 @@ from bench.latency_stats import (
     summarize_latency,
     timeline,
 )
+from bench.pipeline_args import add_pipeline_arguments, make_pipeline, settings
 from bench.queue_pipeline import PeriodicSampler, Pipeline, loadavg, log
 from bench.queue_producer import ProducerPlan, Step
 

@@ -30,7 +30,7 @@ from millstream.ledger import reduced_key
 from millstream.state import decode_int64
 
 from bench.io_meter import measure_callable
-from bench.latency import add_pipeline_arguments, make_pipeline
+from bench.pipeline_args import add_pipeline_arguments, make_pipeline
 from bench.queue_pipeline import Pipeline, log
 from bench.queue_producer import ROW_BYTES, ProducerPlan, Step
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from millstream.ledger.subspaces import SYSTEM
 
-from bench.latency import add_pipeline_arguments, make_pipeline, settings
+from bench.pipeline_args import add_pipeline_arguments, make_pipeline, settings
 from bench.queue_pipeline import PeriodicSampler, Pipeline, loadavg, log
 from bench.queue_producer import ROW_BYTES, ProducerPlan, Step
 

@@ -33,14 +33,16 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 if TYPE_CHECKING:
     from millstream import event_time, exceptions, inputs, outputs
     from millstream._core import __version__
-    from millstream.api import Mapper, Partitioned, Reducer, Transaction, Tuning, WorkerSpec
+    from millstream.api import Mapper, Partitioned, Reducer, Transaction, WorkerSpec
     from millstream.inputs.base import Input, PartitionReader, ReadResult
     from millstream.ledger import RunSummary
     from millstream.processor import Processor
     from millstream.queue_reducer import PendingRows, QueueReducer
-    from millstream.runner.local import RunStopped, run_local, run_local_pipeline
-    from millstream.runner.rescale import RescaleSummary, rescale
-    from millstream.tuning import RestartStrategy
+    from millstream.runner.local import run_local
+    from millstream.runner.pipeline import run_local_pipeline
+    from millstream.runner.rescaler import RescaleSummary, rescale
+    from millstream.runner.signals import RunStopped
+    from millstream.tuning import RestartStrategy, Tuning
 
 _WHERE = {
     "Input": "millstream.inputs.base",
@@ -52,16 +54,16 @@ _WHERE = {
     "QueueReducer": "millstream.queue_reducer",
     "ReadResult": "millstream.inputs.base",
     "Reducer": "millstream.api",
-    "RescaleSummary": "millstream.runner.rescale",
+    "RescaleSummary": "millstream.runner.rescaler",
     "RestartStrategy": "millstream.tuning",
-    "RunStopped": "millstream.runner.local",
+    "RunStopped": "millstream.runner.signals",
     "RunSummary": "millstream.ledger",
     "Transaction": "millstream.api",
-    "Tuning": "millstream.api",
+    "Tuning": "millstream.tuning",
     "WorkerSpec": "millstream.api",
     "run_local": "millstream.runner.local",
-    "run_local_pipeline": "millstream.runner.local",
-    "rescale": "millstream.runner.rescale",
+    "run_local_pipeline": "millstream.runner.pipeline",
+    "rescale": "millstream.runner.rescaler",
     "__version__": "millstream._core",
 }
 _SUBMODULES = ("event_time", "exceptions", "inputs", "outputs")

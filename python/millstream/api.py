@@ -16,21 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from millstream import _core
 from millstream.exceptions import ConfigurationError
-from millstream.ledger import DEFAULT_KEY_GROUPS, OUTPUT
+from millstream.key_groups import DEFAULT_KEY_GROUPS, key_group_range, route_by_hash
+from millstream.ledger import OUTPUT
 from millstream.state import StoreTransaction, decode_int64, decode_int64s
-from millstream.tuning import Tuning
-
-
-def _reducer_of_key_groups(
-    key_groups: pa.Array, num_reducers: int, num_key_groups: int
-) -> pa.Array:
-    """The reducer (int32) owning each key group: reducer ``r`` owns the contiguous range
-    :meth:`WorkerSpec.key_group_range` gives."""
-    groups = key_groups.to_numpy(zero_copy_only=False).astype("int64")
-    return pa.array((groups * num_reducers // num_key_groups).astype("int32"))
-
 
 if TYPE_CHECKING:
     from millstream.inputs.store_queue import StoreQueue
@@ -80,8 +69,7 @@ class WorkerSpec:
     def key_group_range(self) -> range:
         """The key groups reducer :attr:`index` owns (:meth:`Partitioned.by_hash` sends it
         exactly the keys hashing into them); rescaling reassigns whole ranges."""
-        g, r = self.key_groups, self.num_reducers
-        return range(-(-self.index * g // r), -(-(self.index + 1) * g // r))
+        return key_group_range(self.index, self.num_reducers, self.key_groups)
 
 
 @dataclass(frozen=True)
@@ -138,17 +126,9 @@ class Partitioned:
                 f"by_hash: num_reducers must be between 1 and key_groups ({key_groups}), "
                 f"got {num_reducers}; create the processor with more key groups"
             )
-        # Both map a hash h onto [0, n) as floor(h * n / 2**64): when num_reducers divides
-        # key_groups, the reducer of h's key group is the reducer of h itself.
-        exact = key_groups % num_reducers == 0
-        n = num_reducers if exact else key_groups
-        if not canonical_order:
-            indices = _core.hash_partition(batch, keys, n)
-        else:
-            order, indices = _core.hash_partition_ordered(batch, keys, n)
-            batch = batch.take(order)
-        if not exact:
-            indices = _reducer_of_key_groups(indices, num_reducers, key_groups)
+        batch, indices = route_by_hash(
+            batch, keys, num_reducers, key_groups, canonical_order=canonical_order
+        )
         return cls(batch, indices)
 
     @classmethod
@@ -422,4 +402,20 @@ class Reducer(ABC):
         """
 
 
-__all__ = ["Mapper", "Partitioned", "Reducer", "Transaction", "Tuning", "WorkerSpec"]
+def __getattr__(name: str) -> Any:
+    """``millstream.api.Tuning``: a deprecated path of :class:`millstream.Tuning`."""
+    if name == "Tuning":
+        import warnings
+
+        from millstream.tuning import Tuning
+
+        warnings.warn(
+            "millstream.api.Tuning moved: use millstream.Tuning (or millstream.tuning.Tuning)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Tuning
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["Mapper", "Partitioned", "Reducer", "Transaction", "WorkerSpec"]

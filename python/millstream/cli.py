@@ -84,7 +84,8 @@ def _run(args: argparse.Namespace) -> int:
         f"{processor.num_reducers} reducers, store {processor.store}",
         file=sys.stderr,
     )
-    from millstream.runner.local import RunStopped, run_local
+    from millstream.runner.local import run_local
+    from millstream.runner.signals import RunStopped
 
     try:
         summary = run_local(
@@ -109,8 +110,8 @@ def _rescale(args: argparse.Namespace) -> int:
 
     start_fork_server()
     processor = dataclasses.replace(load_processor(args.processor), num_reducers=args.reducers)
-    from millstream.runner.local import RunStopped
-    from millstream.runner.rescale import rescale
+    from millstream.runner.rescaler import rescale
+    from millstream.runner.signals import RunStopped
 
     try:
         summary = rescale(processor, progress=not args.quiet, timeout=args.timeout)
@@ -125,7 +126,7 @@ def _metrics(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from millstream.runner.metrics import MetricsServer
+    from millstream.runner.metrics_server import MetricsServer
 
     directory = Path(args.directory)
     if not directory.is_dir():

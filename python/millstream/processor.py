@@ -7,13 +7,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from millstream.api import Mapper, Reducer, Tuning, WorkerSpec
+from millstream.api import Mapper, Reducer, WorkerSpec
 from millstream.exceptions import ConfigurationError
 from millstream.inputs.base import Input
-from millstream.ledger import DEFAULT_KEY_GROUPS, ProcessorInfo
+from millstream.key_groups import DEFAULT_KEY_GROUPS
+from millstream.ledger import ProcessorInfo
+from millstream.ledger.subspaces import processor_prefix
 from millstream.outputs import Output, check_outputs
 from millstream.queue_reducer import QueueReducer
 from millstream.state import Store, open_store, parse_store_url
+from millstream.tuning import Tuning
 
 Delivery = Literal["exactly_once", "at_least_once"]
 """How often a row's effect is applied: exactly once (the default), or at least once."""
@@ -237,4 +240,4 @@ class Processor:
 
     def open_store(self) -> Store:
         """Open this processor's store under its prefix."""
-        return open_store(self.store, prefix=(self.name,))
+        return open_store(self.store, prefix=processor_prefix(self.name))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from millstream.backoff import exponential_delay
+
 
 @dataclass(frozen=True)
 class RestartStrategy:
@@ -38,7 +40,7 @@ class RestartStrategy:
 
     def backoff(self, deaths: int) -> float:
         """Seconds to wait before restarting a worker that died ``deaths`` times lately."""
-        return float(min(self.backoff_max_seconds, self.backoff_seconds * 2 ** max(0, deaths - 1)))
+        return exponential_delay(self.backoff_seconds, self.backoff_max_seconds, deaths - 1)
 
 
 @dataclass(frozen=True)

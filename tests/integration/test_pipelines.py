@@ -10,7 +10,8 @@ import pyarrow.dataset as pads
 import pytest
 from millstream.inputs import StoreQueue
 from millstream.outputs import ParquetSink
-from millstream.runner.local import LocalRunner, PipelineRunner
+from millstream.runner.local import LocalRunner
+from millstream.runner.pipeline import PipelineRunner
 
 from tests.support.chaos import RandomKiller
 from tests.support.jobs import (

@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream import _core
 from millstream.event_time.aggregation import Panes
 from millstream.exceptions import ConfigurationError
 
@@ -201,16 +200,6 @@ def finish(partials: pa.Table, panes: Panes, plan: Plan, kind: pa.DataType) -> p
             columns[out] = ordered[plan.name(column, function)]
     result = pa.table(columns)
     return panes.finish(result) if panes.finish is not None else result
-
-
-def key_groups_of(table: pa.Table, plan: Plan, key_groups: int) -> np.ndarray:
-    """The key group of each row's key (int64), as :meth:`~millstream.Partitioned.by_hash`
-    computes it when the mapper routes the partials."""
-    keys = table.select([plan.key]).combine_chunks().to_batches()
-    if not keys:
-        return np.zeros(0, dtype=np.int64)
-    groups = _core.hash_partition(keys[0], [plan.key], key_groups)
-    return np.asarray(groups.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def value_type_error(column: str, kind: pa.DataType, function: str) -> str | None:

@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from millstream.api import Transaction
 from millstream.event_time.combiner import WATERMARK
-from millstream.event_time.partials import START, Plan, decode, encode, key_groups_of
+from millstream.event_time.partials import START, Plan, decode, encode
+from millstream.key_groups import key_groups_of
 from millstream.state.keys import pack, unpack
 
 NO_TIME = -(2**63)
@@ -76,7 +77,7 @@ def runs(
 ) -> tuple[pa.Table, list[tuple[int, int, int, int]]]:
     """``table`` ordered by key group and pane, and its runs: ``(g, pane start, first
     row, end)``."""
-    groups = key_groups_of(table, plan, key_groups)
+    groups = key_groups_of(table, plan.key, key_groups)
     starts = np.asarray(table[START].to_numpy(), dtype=np.int64)
     order = np.lexsort((starts, groups))
     groups, starts = groups[order], starts[order]

@@ -15,7 +15,7 @@ whose outcome is unknown, it is read again from the store before the next batch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -29,10 +29,9 @@ from millstream.event_time.partials import START, Plan, finish, merge
 from millstream.event_time.store_layout import own_key, partials_key
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import OUTPUT
+from millstream.ledger.subspaces import processor_prefix
+from millstream.state import open_store
 from millstream.state.keys import decode_int64, pack
-
-if TYPE_CHECKING:
-    from millstream.processor import Processor
 
 _NO_TIME = -(2**63)
 _END_OF_TIME = 2**62
@@ -221,12 +220,24 @@ class PaneReducer(Reducer, UsesPanes):
         )
 
 
-def late_rows(processor: Processor) -> int:
+class _Job(Protocol):
+    """What :func:`late_rows` reads of a processor: where its store is, and its reducers."""
+
+    @property
+    def store(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def num_reducers(self) -> int: ...
+
+
+def late_rows(processor: _Job) -> int:
     """Rows the processor's pane reducers dropped because their pane had been emitted."""
-    store = processor.open_store()
-    try:
-        with store.read() as txn:
-            raw = [txn.get((*OUTPUT, *own_key(r, "late"))) for r in range(processor.num_reducers)]
-    finally:
-        store.close()
+    with (
+        open_store(processor.store, prefix=processor_prefix(processor.name)) as store,
+        store.read() as txn,
+    ):
+        raw = [txn.get((*OUTPUT, *own_key(r, "late"))) for r in range(processor.num_reducers)]
     return sum(decode_int64(value) for value in raw if value is not None)

@@ -10,12 +10,15 @@ through these modules, never through each other:
 - :mod:`.reducer`: a reducer's committed row indices and totals;
 - :mod:`.spill`: rows spilled for reducers that fell behind (straggler spill);
 - :mod:`.discovery`: live workers' entries and their published metrics;
-- :mod:`.processor`: the processor's counts, the runner's checks and the run totals;
-- :mod:`.rescale`: a rescale's cut and the transaction that hands the key groups to a
-  new number of reducers;
+- :mod:`.processor_record`: the processor's counts, key groups and fingerprint, and the
+  check that a store holds this processor;
+- :mod:`.rescale`: the rescale plan (a rescale's cut) and the transaction that hands the
+  key groups to a new number of reducers;
+- :mod:`.run`: a run: the store prepared before the workers start, and the run's totals;
 - :mod:`.status`: one snapshot of all of it, for ``millstream status`` and progress.
 """
 
+from millstream.key_groups import DEFAULT_KEY_GROUPS
 from millstream.ledger.discovery import (
     Metric,
     WorkerInfo,
@@ -39,16 +42,10 @@ from millstream.ledger.mapper import (
     write_mapper_state,
     write_numbering,
 )
-from millstream.ledger.processor import (
-    DEFAULT_KEY_GROUPS,
+from millstream.ledger.processor_record import (
     ProcessorInfo,
-    RescalePlan,
-    RunSummary,
     check_processor_info,
-    prepare_store,
     read_processor_info,
-    read_rescale,
-    summarize,
     write_processor_info,
 )
 from millstream.ledger.reducer import (
@@ -59,6 +56,8 @@ from millstream.ledger.reducer import (
     reducer_state_key,
     write_reducer_state,
 )
+from millstream.ledger.rescale import RescalePlan, read_rescale
+from millstream.ledger.run import RunSummary, prepare_store, summarize
 from millstream.ledger.status import REDUCER_ACTIVITIES, read_status
 from millstream.ledger.subspaces import OUTPUT, QUEUES, ROLES, SINKS, SYSTEM
 

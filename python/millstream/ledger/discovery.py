@@ -8,8 +8,8 @@ import socket
 from dataclasses import dataclass, field
 
 from millstream.ledger.subspaces import SYSTEM, bad_record, check_role
-from millstream.state.base import StoreTransaction
 from millstream.state.keys import pack, unpack
+from millstream.state.transaction import StoreTransaction
 
 Metric = float | int | str
 """One published figure of a worker's status."""

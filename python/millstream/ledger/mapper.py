@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from millstream.ledger.subspaces import SYSTEM, bad_record
-from millstream.state.base import StoreTransaction
 from millstream.state.keys import pack, unpack
+from millstream.state.transaction import StoreTransaction
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""A rescale's records: the new reducer count and how far the old reducers drain, and the
-one transaction that hands the processor to the new reducers.
+"""The rescale plan: the record of an unfinished rescale (the new reducer count and how far
+the old reducers drain), and the one transaction that hands the processor to the new
+reducers.
 
 A rescale changes ``num_reducers`` where no row has been committed by some reducers and
 not by others. For each partition it takes the last shuffle index any old reducer
@@ -16,7 +17,7 @@ once, by its new owner.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 from millstream.exceptions import ConfigurationError
 from millstream.ledger.mapper import (
@@ -25,12 +26,9 @@ from millstream.ledger.mapper import (
     read_mapper_state,
     write_mapper_state,
 )
-from millstream.ledger.processor import (
-    RESCALE_KEY,
+from millstream.ledger.processor_record import (
     ProcessorInfo,
-    RescalePlan,
     read_processor_info,
-    read_rescale,
     write_processor_info,
 )
 from millstream.ledger.reducer import (
@@ -42,10 +40,40 @@ from millstream.ledger.reducer import (
     write_reducer_state,
 )
 from millstream.ledger.spill import spill_pending, spilled_through
-from millstream.state.base import StoreTransaction
+from millstream.ledger.subspaces import SYSTEM, bad_record
 from millstream.state.keys import decode_int64
+from millstream.state.transaction import StoreTransaction
 
 _TOTALS = ("rows", "bytes", "commits")
+
+RESCALE_KEY = (*SYSTEM, "rescale")
+"""Where an unfinished rescale is recorded (its :class:`RescalePlan`)."""
+
+
+@dataclass(frozen=True)
+class RescalePlan:
+    """An unfinished rescale.
+
+    Attributes:
+        num_reducers: The reducer count after the rescale.
+        committed: Per partition, the last shuffle index any old reducer committed (or
+            had spilled for it): the old reducers commit every row up to it first.
+    """
+
+    num_reducers: int
+    committed: tuple[int, ...]
+
+
+def read_rescale(txn: StoreTransaction) -> RescalePlan | None:
+    """The unfinished rescale, if any."""
+    raw = txn.get(RESCALE_KEY)
+    if raw is None:
+        return None
+    try:
+        fields = json.loads(raw)
+        return RescalePlan(int(fields["num_reducers"]), tuple(int(c) for c in fields["committed"]))
+    except Exception as exc:
+        raise bad_record("rescale plan", raw, exc) from exc
 
 
 def committed_through(txn: StoreTransaction, info: ProcessorInfo, partition: int) -> int:

@@ -12,8 +12,8 @@ consumed in the transaction that commits them.
 from __future__ import annotations
 
 from millstream.ledger.subspaces import SYSTEM
-from millstream.state.base import StoreTransaction
 from millstream.state.keys import Key
+from millstream.state.transaction import StoreTransaction
 
 __all__ = [
     "clear_spill",

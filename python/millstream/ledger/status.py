@@ -8,9 +8,9 @@ from typing import Any
 
 from millstream.ledger.discovery import Metric, freshest_workers, list_workers, read_statuses
 from millstream.ledger.mapper import read_mapper_state
-from millstream.ledger.processor import read_processor_info
+from millstream.ledger.processor_record import read_processor_info
 from millstream.ledger.reducer import read_reducer_state
-from millstream.state.base import StoreTransaction
+from millstream.state.transaction import StoreTransaction
 
 REDUCER_ACTIVITIES = ("store", "reduce", "mapper_wait")
 """Where a reducer's time goes: its store transactions (reading its state and spills,

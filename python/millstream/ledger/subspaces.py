@@ -1,4 +1,5 @@
-"""Where the protocol's records live under a processor's store prefix.
+"""Where the protocol's records live: a processor's store prefix (:func:`processor_prefix`),
+and the subspaces under it.
 
 - ``SYSTEM + ("mapper", m)``: persisted state of mapper ``m`` (:mod:`.mapper`).
 - ``SYSTEM + ("plan", m, begin)``, ``("drained", m)``, ``("mapped", m, what)``: mapper
@@ -7,7 +8,9 @@
   of reducer ``r`` (:mod:`.reducer`).
 - ``SYSTEM + ("workers", role, index, guid)``, ``("registrations", role)``,
   ``("status", role, index)``: discovery entries and worker metrics (:mod:`.discovery`).
-- ``SYSTEM + ("processor",)``: counts and fingerprint of the processor (:mod:`.processor`).
+- ``SYSTEM + ("processor",)``: counts and fingerprint of the processor
+  (:mod:`.processor_record`); ``SYSTEM + ("rescale",)``: an unfinished rescale
+  (:mod:`.rescale`).
 - ``OUTPUT + ...``: the user's reducer output; ``QUEUES + ...``: store-backed queues;
   ``SINKS + ...``: the files each file sink published.
 
@@ -17,6 +20,12 @@ Records are encoded with the tuple layer (states) or JSON (metrics, metadata), b
 from __future__ import annotations
 
 from millstream.exceptions import StoreCorruptError
+
+
+def processor_prefix(name: str) -> tuple[str]:
+    """The store prefix every record of the processor named ``name`` lives under."""
+    return (name,)
+
 
 SYSTEM: tuple[str] = ("sys",)
 """Subspace of millstream's own records."""

@@ -40,8 +40,9 @@ import pyarrow.parquet as pq
 
 from millstream.exceptions import ConfigurationError
 from millstream.ledger import SINKS
-from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import pack, unpack
+from millstream.state.store import Store
+from millstream.state.transaction import StoreTransaction
 from millstream.state.url import open_store
 
 STAGING = "_staging"

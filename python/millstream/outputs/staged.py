@@ -17,7 +17,7 @@ from millstream.exceptions import CommitUnknownResultError, ConfigurationError
 from millstream.inputs.storable import check_storable
 from millstream.inputs.store_queue import StoreQueue
 from millstream.outputs.parquet_sink import ParquetSink, StagedFile
-from millstream.state.base import StoreTransaction
+from millstream.state.transaction import StoreTransaction
 
 log = logging.getLogger(__name__)
 

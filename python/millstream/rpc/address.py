@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import Protocol
 
 from millstream.exceptions import ConfigurationError
-from millstream.tuning import Tuning
 
 LOOPBACK = "127.0.0.1"
 """The address workers that all run on this machine advertise and bind."""
@@ -59,7 +59,27 @@ class MapperAddress:
         return host_port(self.advertise, port)
 
 
-def mapper_address(tuning: Tuning, host: str = LOOPBACK) -> MapperAddress:
+class AddressSettings(Protocol):
+    """The settings read here (a :class:`~millstream.Tuning` has them): plain values, so
+    that GetRows knows nothing of the configuration above it."""
+
+    @property
+    def advertise_host(self) -> str | None:
+        """The host reducers dial, if not the runner's."""
+        ...
+
+    @property
+    def bind_host(self) -> str | None:
+        """The host the server listens on, if not the advertised one."""
+        ...
+
+    @property
+    def plaintext_get_rows(self) -> bool:
+        """Plaintext accepted on any address (a trusted network)."""
+        ...
+
+
+def mapper_address(tuning: AddressSettings, host: str = LOOPBACK) -> MapperAddress:
     """The mapper's addresses: ``tuning``'s overrides, else ``host`` for both.
 
     Args:
@@ -71,7 +91,7 @@ def mapper_address(tuning: Tuning, host: str = LOOPBACK) -> MapperAddress:
     return MapperAddress(bind=tuning.bind_host or advertise, advertise=advertise)
 
 
-def check_exposure(bind: str | None, *, tls: bool, tuning: Tuning, where: str) -> None:
+def check_exposure(bind: str | None, *, tls: bool, tuning: AddressSettings, where: str) -> None:
     """Refuse plaintext GetRows on an address other hosts may reach.
 
     A GetRows request makes a mapper drop rows from its window (it produces them again:
@@ -106,6 +126,7 @@ def check_exposure(bind: str | None, *, tls: bool, tuning: Tuning, where: str) -
 
 __all__ = [
     "LOOPBACK",
+    "AddressSettings",
     "MapperAddress",
     "check_exposure",
     "host_port",

@@ -21,14 +21,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
 from millstream.exceptions import ConfigurationError
-
-if TYPE_CHECKING:
-    from millstream.tuning import Tuning
 
 ENV = {
     "tls_ca_file": "MILLSTREAM_TLS_CA_FILE",
@@ -36,7 +33,32 @@ ENV = {
     "tls_key_file": "MILLSTREAM_TLS_KEY_FILE",
     "tls_server_name": "MILLSTREAM_TLS_SERVER_NAME",
 }
-"""The environment variable read for each knob the :class:`Tuning` leaves unset."""
+"""The environment variable read for each knob the settings leave unset."""
+
+
+class TlsSettings(Protocol):
+    """The settings read here (a :class:`~millstream.Tuning` has them): plain values, so
+    that GetRows knows nothing of the configuration above it."""
+
+    @property
+    def tls_ca_file(self) -> str | None:
+        """The CA certificate(s), PEM."""
+        ...
+
+    @property
+    def tls_cert_file(self) -> str | None:
+        """This worker's certificate chain, PEM."""
+        ...
+
+    @property
+    def tls_key_file(self) -> str | None:
+        """This worker's private key, PEM."""
+        ...
+
+    @property
+    def tls_server_name(self) -> str | None:
+        """The name reducers check in mappers' certificates."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -69,14 +91,14 @@ class TlsFiles:
         )
 
 
-def _setting(tuning: Tuning, name: str) -> str | None:
+def _setting(tuning: TlsSettings, name: str) -> str | None:
     value: str | None = getattr(tuning, name)
     if value is None:
         value = os.environ.get(ENV[name]) or None
     return value
 
 
-def tls_files(tuning: Tuning) -> TlsFiles | None:
+def tls_files(tuning: TlsSettings) -> TlsFiles | None:
     """The GetRows channel's TLS files from ``tuning`` or the environment; None: plaintext.
 
     Raises:

@@ -11,14 +11,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from millstream.runner.local import LocalRunner, RunStopped, run_local, run_local_pipeline
+    from millstream.runner.local import LocalRunner, run_local
+    from millstream.runner.pipeline import run_local_pipeline
+    from millstream.runner.signals import RunStopped
 
-_NAMES = ("LocalRunner", "RunStopped", "run_local", "run_local_pipeline")
+_WHERE = {
+    "LocalRunner": "millstream.runner.local",
+    "RunStopped": "millstream.runner.signals",
+    "run_local": "millstream.runner.local",
+    "run_local_pipeline": "millstream.runner.pipeline",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _NAMES:
-        return getattr(importlib.import_module("millstream.runner.local"), name)
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'millstream.runner' has no attribute {name!r}")
 
 

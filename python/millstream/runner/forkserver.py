@@ -1,7 +1,8 @@
 """Where worker processes come from: a fork server that imported the heavy modules once.
 
-Only the standard library is imported here, so that a runner can start the server before
-it imports millstream, pyarrow and the user's modules itself: the server's imports (most of
+Only the standard library (and :mod:`millstream.allocator`, which imports nothing) is
+imported here, so that a runner can start the server before it imports millstream's heavy
+modules, pyarrow and the user's modules itself: the server's imports (most of
 a cold start) then overlap the runner's instead of following them.
 """
 
@@ -19,12 +20,10 @@ from contextlib import contextmanager
 from multiprocessing import forkserver
 from typing import TYPE_CHECKING
 
+from millstream.allocator import MALLOC_ENV
+
 if TYPE_CHECKING:
     from millstream.processor import Processor
-
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-"""Large GetRows payloads are allocated and freed in bulk; these keep glibc from handing that
-memory back to the kernel after every call (measured: 8x slower get_rows with the defaults)."""
 
 PRELOAD = ["millstream.runner.local", "pyarrow.parquet", "pyarrow.compute", "pyarrow.acero"]
 """Modules the fork server imports once, so that workers start in milliseconds instead of
@@ -50,7 +49,8 @@ def start_fork_server(processor: Processor | None = None) -> None:
 
     Call it first thing, before importing millstream's other modules: this module needs
     only the standard library. With ``processor``, the server also imports the user's
-    modules (if it is not running yet). The malloc settings of :data:`MALLOC_ENV` are put
+    modules (if it is not running yet). The malloc settings of
+    :data:`~millstream.allocator.MALLOC_ENV` are put
     in the environment first: the server's allocator reads them once, at its start, and the
     workers inherit it.
     """
@@ -61,15 +61,15 @@ def start_fork_server(processor: Processor | None = None) -> None:
     if processor is not None:
         modules = {processor.mapper.__module__, processor.reducer.__module__}
         modules = {name for name in modules if not is_script(name)}
-    os.environ[_PRELOAD_ENV] = ",".join(sorted(modules))
+    os.environ[PRELOAD_ENV] = ",".join(sorted(modules))
     try:
         mp.set_forkserver_preload([*PRELOAD, "millstream.runner.user_modules"])
         forkserver.ensure_running()
     finally:
-        del os.environ[_PRELOAD_ENV]
+        del os.environ[PRELOAD_ENV]
 
 
-_PRELOAD_ENV = "MILLSTREAM_PRELOAD_MODULES"
+PRELOAD_ENV = "MILLSTREAM_PRELOAD_MODULES"
 """Where the fork server finds the user's modules (read by ``millstream.runner.user_modules``)."""
 
 

@@ -1,198 +1,56 @@
-"""The local runner: one OS process per worker on this machine, restarted when it dies."""
+"""The local runner: one OS process per worker on this machine, supervised and restarted
+when it dies (:class:`LocalRunner`, :func:`run_local`).
+
+What each worker process runs is :mod:`millstream.runner.child`; several processors side by
+side, :mod:`millstream.runner.pipeline`.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import cProfile
 import os
-import pickle
-import pstats
 import signal
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from millstream.exceptions import (
-    FATAL_ERRORS,
-    ConfigurationError,
-    CrashLoopError,
-    MillstreamError,
-    UserCodeError,
-)
+from millstream.exceptions import ConfigurationError, CrashLoopError, MillstreamError
 from millstream.ledger import RunSummary, prepare_store, read_status, summarize
 from millstream.rpc.address import LOOPBACK, check_exposure, mapper_address
 from millstream.rpc.tls import tls_files
+from millstream.runner.child import (
+    EXIT_CONFIG_ERROR,
+    EXIT_USER_ERROR,
+    child_main,
+    describe_error,
+    dump_processor,
+    error_class,
+)
 from millstream.runner.forkserver import (
     IN_WORKER_ENV,
     WorkerContext,
-    die_with_parent,
-    is_script,
     main_module_hidden,
     running_fork_server,
     start_fork_server,
     worker_context,
 )
-from millstream.runner.metrics import MetricsServer
+from millstream.runner.metrics_server import MetricsServer
 from millstream.runner.placement import WorkerHost
 from millstream.runner.publishers import PublisherProcesses
-from millstream.workers import run_worker
+from millstream.runner.signals import RunStopped, signals_stop_the_run
 from millstream.workers.prometheus import MULTIPROC_ENV
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
 
-EXIT_USER_ERROR = 3
-EXIT_CONFIG_ERROR = 4
-"""Exit codes of a worker that stopped on an error a restart cannot cure (user code; any
-other fatal error: configuration, input, store corruption or limits)."""
-
 WorkerId = tuple[str, int, int]
 """(role, index, instance): ``instance`` > 0 only for deliberate duplicates."""
-
-
-_MAX_MESSAGE = 16_000
-"""Characters of an error message a child sends (well below a pipe's buffer)."""
-
-
-def _child_main(
-    path: list[str],
-    environ: dict[str, str],
-    payload: bytes,
-    role: str,
-    index: int,
-    errors: Connection,
-    parent: int | None,
-    placement: WorkerHost | None = None,
-) -> None:
-    # Forked from the fork server: take this run's import path and environment before
-    # unpickling the user's classes (the server's may be older).
-    die_with_parent(parent)
-    sys.path[:] = path
-    os.environ.clear()
-    os.environ.update(environ)
-    os.environ[IN_WORKER_ENV] = "1"
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        processor: Processor = pickle.loads(payload)
-    except Exception as exc:
-        # The user's module does not import here (or its classes moved): no restart helps.
-        message = (
-            f"could not load the processor's classes in the worker process: "
-            f"{_describe(exc)}. Make the mapper's and reducer's module importable in a fresh "
-            "process (no side effects that fail outside the launching program)"
-        )
-        errors.send(("ConfigurationError", message[:_MAX_MESSAGE]))
-        errors.close()
-        sys.exit(EXIT_CONFIG_ERROR)
-    try:
-        address = LOOPBACK
-        if placement is not None:
-            placement.enter()  # before any thread or socket: they belong to the host's network
-            address = placement.address
-        profile_dir = os.environ.get("MILLSTREAM_PROFILE_DIR")
-        if profile_dir:
-            _profiled(profile_dir, f"{role}-{index}-{os.getpid()}.prof")(
-                processor, role, index, stop
-            )
-        else:
-            run_worker(processor, role, index, stop, host=address)
-    except FATAL_ERRORS as exc:
-        # Each child has its own pipe: a worker killed while writing cannot wedge the
-        # others (a shared queue's lock would stay held by the dead writer).
-        errors.send((type(exc).__name__, str(exc)[:_MAX_MESSAGE]))
-        errors.close()
-        sys.exit(EXIT_USER_ERROR if isinstance(exc, UserCodeError) else EXIT_CONFIG_ERROR)
-    except Exception as exc:
-        # A crash a restart may cure (or not: the restart strategy decides); tell the
-        # runner what it was, so that a crash loop ends naming it.
-        errors.send((type(exc).__name__, _describe(exc)[:_MAX_MESSAGE]))
-        errors.close()
-        raise
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` and where it was raised (the innermost frames)."""
-    frames = traceback.extract_tb(exc.__traceback__)[-3:]
-    where = "; ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
-    return f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
-
-
-def dump_processor(processor: Processor) -> bytes:
-    """Pickle ``processor`` for worker processes.
-
-    Classes of scripts (``__main__``, files run by ``millstream run job.py:...``) travel
-    by value: a worker never imports the script, whose top level may start the job itself.
-    Classes of importable modules travel by reference, as plain pickle does.
-    """
-    import cloudpickle
-
-    for cls in (processor.mapper, processor.reducer, type(processor.input)):
-        module = sys.modules.get(cls.__module__)
-        if module is not None and is_script(cls.__module__) and cls.__module__ != "__main__":
-            cloudpickle.register_pickle_by_value(module)
-    data: bytes = cloudpickle.dumps(processor, protocol=pickle.HIGHEST_PROTOCOL)
-    return data
-
-
-def _profiled(directory: str, name: str) -> Callable[..., None]:
-    """``run_worker`` under cProfile in every thread, merged stats in ``directory/name``.
-
-    Set ``MILLSTREAM_PROFILE_DIR`` to profile every worker of a local run.
-    """
-
-    def run(*args: Any) -> None:
-        profiles = [cProfile.Profile()]
-
-        def in_new_thread(*_: Any) -> None:
-            sys.setprofile(None)
-            profile = cProfile.Profile()
-            profiles.append(profile)
-            profile.enable()
-
-        threading.setprofile(in_new_thread)
-        try:
-            profiles[0].runcall(run_worker, *args)
-        finally:
-            threading.setprofile(None)
-            stats = pstats.Stats(profiles[0])
-            for profile in profiles[1:]:
-                stats.add(profile)
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            stats.dump_stats(str(Path(directory) / name))
-
-    return run
-
-
-def _error_class(name: str) -> type[MillstreamError]:
-    for cls in FATAL_ERRORS:
-        if cls.__name__ == name:
-            return cls
-    return MillstreamError
-
-
-class RunStopped(KeyboardInterrupt):
-    """A local run was stopped by SIGINT (Ctrl-C) or SIGTERM; every worker has exited.
-
-    Attributes:
-        signum: The signal that stopped it.
-        summary: What the run did until then (``drained`` is False).
-    """
-
-    def __init__(self, signum: int, summary: RunSummary | None = None) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-        self.summary = summary
 
 
 @dataclass
@@ -230,26 +88,6 @@ class _Slot:
         if errors is not None:
             with contextlib.suppress(OSError):
                 errors.close()
-
-
-@contextmanager
-def _signals_stop_the_run() -> Iterator[None]:
-    """SIGTERM raises :class:`RunStopped` (SIGINT already raises KeyboardInterrupt).
-
-    Only in the main thread (Python delivers signals there); elsewhere nothing changes.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stopped(signum: int, _frame: object) -> None:
-        raise RunStopped(signum)
-
-    previous = signal.signal(signal.SIGTERM, stopped)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_text(code: int) -> str:
@@ -318,7 +156,7 @@ class LocalRunner:
             with main_module_hidden():
                 parent = running_fork_server()
                 process = self._ctx.Process(
-                    target=_child_main,
+                    target=child_main,
                     args=(
                         *(sys.path[:], self._environ(), self._payload, role, index, writer),
                         *(parent, self.hosts.get(wid) or self.hosts.get((role, index))),
@@ -334,7 +172,7 @@ class LocalRunner:
             reader.close()
             writer.close()
             slot = _Slot(None, None, died_at=None)
-            slot.last_error = f"could not start the worker process: {_describe(exc)}"
+            slot.last_error = f"could not start the worker process: {describe_error(exc)}"
             return slot
         writer.close()
         return _Slot(process, reader)
@@ -460,7 +298,7 @@ class LocalRunner:
                 if reported is None:
                     raise MillstreamError(f"{wid[0]} {wid[1]} stopped with exit code {code}")
                 kind, text = reported
-                raise _error_class(kind)(f"{wid[0]} {wid[1]} stopped: {text}")
+                raise error_class(kind)(f"{wid[0]} {wid[1]} stopped: {text}")
             now = time.monotonic()
             if slot.died_at is None:
                 self._record_death(wid, slot, code, now)
@@ -521,7 +359,7 @@ class LocalRunner:
         deadline = None if timeout is None else time.monotonic() + timeout
         last_report = time.monotonic()
         try:
-            with _signals_stop_the_run():
+            with signals_stop_the_run():
                 while not self.poll():
                     now = time.monotonic()
                     if deadline is not None and now > deadline:
@@ -565,7 +403,7 @@ class LocalRunner:
 
     def run(self, timeout: float | None = None) -> RunSummary:
         """Start, supervise until drained, and return the summary."""
-        with _signals_stop_the_run():
+        with signals_stop_the_run():
             self.start()
             return self.wait(timeout)
 
@@ -624,117 +462,6 @@ class LocalRunner:
             slot.close()
 
 
-class PipelineRunner:
-    """Runs several processors side by side on this machine, each as :class:`LocalRunner`
-    runs one, until all of them drain.
-
-    For a pipeline: a processor whose reducers append to a
-    :class:`~millstream.inputs.StoreQueue` (declared in its ``outputs``) feeds the processor
-    that reads that queue, exactly once; when the first drains, it seals the queue, so the
-    second drains after it.
-
-    Args:
-        processors: The stages; their names must differ (each one's state lives under
-            its name).
-        progress: Print each stage's progress lines about once a second (to ``out``).
-        out: Where progress goes.
-
-    Attributes:
-        runners: One :class:`LocalRunner` per processor, in the order given.
-    """
-
-    def __init__(
-        self, processors: Sequence[Processor], *, progress: bool = False, out: TextIO = sys.stderr
-    ) -> None:
-        names = [p.name for p in processors]
-        if len(set(names)) != len(names):
-            raise ConfigurationError(
-                "the processors of a pipeline need distinct names (each one's state lives "
-                f"under its name); got {names}"
-            )
-        self.progress = progress
-        self.runners = [LocalRunner(p, progress=progress, out=out, label=True) for p in processors]
-
-    def start(self) -> None:
-        """Start every processor's workers."""
-        for runner in self.runners:
-            runner.start()
-
-    def wait(self, timeout: float | None = None) -> list[RunSummary]:
-        """Supervise until every processor drained; their summaries, in order.
-
-        Raises:
-            TimeoutError: Not every processor drained within ``timeout`` seconds.
-            RunStopped: SIGINT or SIGTERM arrived (every worker of every processor stopped).
-            UserCodeError, CrashLoopError, ...: As :meth:`LocalRunner.poll` (every worker
-                of every processor is stopped first).
-        """
-        summaries: list[RunSummary | None] = [None] * len(self.runners)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last_report = time.monotonic()
-        try:
-            with _signals_stop_the_run():
-                while any(summary is None for summary in summaries):
-                    for i, runner in enumerate(self.runners):
-                        if summaries[i] is None and runner.poll():
-                            summaries[i] = runner.finish()
-                    now = time.monotonic()
-                    if deadline is not None and now > deadline:
-                        waiting = [
-                            r.processor.name
-                            for r, s in zip(self.runners, summaries, strict=True)
-                            if s is None
-                        ]
-                        raise TimeoutError(f"processors {waiting} did not drain within {timeout} s")
-                    if self.progress and now - last_report >= 1.0:
-                        last_report = now
-                        for runner, summary in zip(self.runners, summaries, strict=True):
-                            if summary is None:
-                                runner._report()
-                    time.sleep(0.05)
-        except KeyboardInterrupt as exc:
-            self.stop()
-            signum = exc.signum if isinstance(exc, RunStopped) else signal.SIGINT
-            raise RunStopped(signum) from None
-        except BaseException:
-            self.stop()
-            raise
-        return [summary for summary in summaries if summary is not None]
-
-    def run(self, timeout: float | None = None) -> list[RunSummary]:
-        """Start, supervise until every processor drained, and return the summaries."""
-        with _signals_stop_the_run():
-            self.start()
-            return self.wait(timeout)
-
-    def stop(self) -> None:
-        """Stop every worker of every processor."""
-        for runner in self.runners:
-            runner.stop()
-
-
-def run_local_pipeline(
-    processors: Sequence[Processor],
-    *,
-    progress: bool = False,
-    timeout: float | None = None,
-) -> list[RunSummary]:
-    """Run several processors side by side on this machine until all of them drain.
-
-    A pipeline: each processor's reducers may append to a queue another one reads (see
-    :class:`PipelineRunner`). Each processor is supervised as :func:`run_local` does
-    (restarts, errors, Ctrl-C stops them all).
-
-    Returns:
-        One summary per processor, in the order given.
-
-    Raises:
-        TimeoutError: Not every processor drained within ``timeout`` seconds.
-        RunStopped: SIGINT or SIGTERM arrived.
-    """
-    return PipelineRunner(processors, progress=progress).run(timeout)
-
-
 def run_local(
     processor: Processor,
     *,
@@ -765,3 +492,27 @@ def run_local(
         processor, progress=progress, metrics_port=metrics_port, metrics_host=metrics_host
     )
     return runner.run(timeout=timeout)
+
+
+_MOVED = {
+    "PipelineRunner": "millstream.runner.pipeline",
+    "run_local_pipeline": "millstream.runner.pipeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated paths of names that moved out of this module."""
+    if name in _MOVED:
+        import importlib
+
+        warnings.warn(
+            f"millstream.runner.local.{name} moved to {_MOVED[name]}.{name} "
+            f"(or millstream.{name} where exported)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["LocalRunner", "RunStopped", "WorkerId", "run_local"]

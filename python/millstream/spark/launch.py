@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from millstream import exceptions
+from millstream.allocator import MALLOC_ENV
 from millstream.exceptions import FATAL_ERRORS, ConfigurationError, CrashLoopError, MillstreamError
 from millstream.ledger import RunSummary, prepare_store, summarize
-from millstream.runner.forkserver import MALLOC_ENV
 from millstream.spark.hosts import Deployment, check_deployment, deployment_of
 from millstream.spark.slots import SLOT_WAIT_SECONDS, wait_for_slots
 from millstream.workers import run_worker

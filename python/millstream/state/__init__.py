@@ -11,7 +11,6 @@ Backends: ``sqlite:///abs/path.db`` (embedded, the default) and ``fdb://`` /
 ``fdb:///path/to/fdb.cluster`` (FoundationDB). Both enforce FoundationDB's limits.
 """
 
-from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import (
     Key,
     add_int64s,
@@ -23,6 +22,8 @@ from millstream.state.keys import (
     unpack,
 )
 from millstream.state.limits import DEFAULT_LIMITS, StoreLimits
+from millstream.state.store import Store
+from millstream.state.transaction import StoreTransaction
 from millstream.state.url import ACCEPTED_FORMS, open_store, parse_store_url
 
 __all__ = [

@@ -34,9 +34,10 @@ from millstream.exceptions import (
     TransactionTooOldError,
     ValueTooLargeError,
 )
-from millstream.state.base import Store, StoreTransaction
 from millstream.state.keys import Key, add_int64s, fold_int64s, pack
 from millstream.state.limits import StoreLimits
+from millstream.state.store import Store
+from millstream.state.transaction import StoreTransaction
 
 FDB_API_VERSION = 730
 """The FoundationDB API version millstream selects (needs libfdb_c 7.3 or newer)."""
@@ -110,7 +111,7 @@ _ONE = struct.pack("<q", 1)
 WAKE_SUBSPACE = b"wake-on-commit"
 """``(WAKE_SUBSPACE, key)`` (``key`` packed with its store's prefix, so that a transaction
 seen under another prefix wakes the same waiters) counts the commits that named ``key`` with
-:meth:`~millstream.state.base.StoreTransaction.wake_on_commit`: a watch fires only when a
+:meth:`~millstream.state.transaction.StoreTransaction.wake_on_commit`: a watch fires only when a
 value changes, and such a commit may leave ``key`` itself unchanged (a queue's seal wakes the
 readers watching its end row index). A bytes element, outside every store's prefix (whose
 elements are strings): one small counter per watched key, left when a store is cleared."""

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from millstream.exceptions import StoreConflictError, TransactionTooOldError
-from millstream.state.base import Store, StoreTransaction
+from millstream.state.store import Store
+from millstream.state.transaction import StoreTransaction
 
 _WRITE = object()
 """The recorded result of a write (nothing to compare on replay)."""

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from millstream.exceptions import ConfigurationError
-from millstream.state.base import Store
 from millstream.state.keys import Key
 from millstream.state.limits import StoreLimits
+from millstream.state.store import Store
 
 ACCEPTED_FORMS = (
     "sqlite:///absolute/path/to/file.db[?busy_timeout_ms=10000&synchronous=full|normal"

@@ -10,7 +10,8 @@ discovery (:mod:`.discovery_view`), the figures it publishes (:mod:`.status_repo
 its Prometheus metrics (:mod:`.prometheus`).
 """
 
-from millstream.workers.clock import SYSTEM_CLOCK, Backoff, Clock, ManualClock, SystemClock
+from millstream.backoff import Backoff
+from millstream.workers.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 from millstream.workers.heartbeat import Heartbeat
 from millstream.workers.mapper_worker import MapperWorker
 from millstream.workers.reducer_worker import ReducerWorker

@@ -66,25 +66,6 @@ class SystemClock:
 SYSTEM_CLOCK = SystemClock()
 
 
-class Backoff:
-    """Exponential back-off between retries: ``initial``, doubled per failure, capped."""
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self._initial = initial
-        self._maximum = maximum
-        self._current = initial
-
-    def next(self) -> float:
-        """The wait before the next retry; doubles the one after."""
-        delay = self._current
-        self._current = min(self._maximum, self._current * 2)
-        return delay
-
-    def reset(self) -> None:
-        """Back to the initial wait after a success."""
-        self._current = self._initial
-
-
 class ManualClock:
     """A clock that only moves when told to (simulations and tests).
 

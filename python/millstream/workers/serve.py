@@ -8,19 +8,20 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from millstream.backoff import Backoff
 from millstream.exceptions import ConfigurationError, RetryableStoreError, StoreUnavailableError
 from millstream.ledger import (
     Metric,
     check_processor_info,
     drained_key,
 )
+from millstream.ledger.subspaces import check_role
 from millstream.rpc.address import LOOPBACK, check_exposure, host_port, mapper_address
 from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 from millstream.rpc.tls import TlsFiles, tls_files
 from millstream.state import Store, StoreTransaction
 from millstream.workers import prometheus
-from millstream.workers.clock import Backoff
 from millstream.workers.mapper_worker import MapperWorker
 from millstream.workers.reducer_worker import ReducerWorker
 from millstream.workers.status_report import MapperStatus, ReducerStatus
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     from millstream.processor import Processor
 
 from millstream.workers.heartbeat import Heartbeat
-
-ROLES = ("mapper", "reducer")
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +67,7 @@ def run_worker(
         UserCodeError: The user's ``map`` or ``reduce`` raised (``on_user_error="stop"``).
         MillstreamError: Other failures, with what to do.
     """
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    check_role(role)
     count = processor.num_mappers if role == "mapper" else processor.num_reducers
     if not 0 <= index < count:
         raise ValueError(f"{role} index {index} out of range: the processor has {count}")

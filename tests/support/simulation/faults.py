@@ -31,7 +31,7 @@ from millstream.exceptions import (
 )
 from millstream.rpc.calls import GetRowsCall, GetRowsResult
 from millstream.state import Store, pack
-from millstream.state.base import run_transaction
+from millstream.state.retry import run_transaction
 from millstream.testing import InProcessTransport, ManualClock
 from millstream.workers import MapperWorker
 

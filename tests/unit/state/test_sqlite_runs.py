@@ -16,16 +16,9 @@ from hypothesis import strategies as st
 from millstream.exceptions import StoreConflictError
 from millstream.state import add_int64s, encode_int64, open_store
 from millstream.state.keys import wrap_int64
-from millstream.state.sqlite import runs
-from millstream.state.sqlite.runs import (
-    FANOUT,
-    MERGE_ABOVE,
-    MergeLock,
-    Run,
-    RunInfo,
-    RunMerger,
-    merge_due,
-)
+from millstream.state.sqlite import run_merge, runs
+from millstream.state.sqlite.run_merge import FANOUT, MERGE_ABOVE, MergeLock, RunMerger, merge_due
+from millstream.state.sqlite.runs import Run, RunInfo
 from millstream.state.sqlite.sql import SCHEMA_VERSION
 from millstream.state.sqlite.store import SqliteStore
 
@@ -116,8 +109,8 @@ def test_runs_read_and_write_as_the_table_does(
     read back inside each transaction (with its own writes) and after each commit. Two
     runs of a size merge here once there are more than two (eight, beyond 24, by
     default), so merges happen between the rest."""
-    monkeypatch.setattr(runs, "FANOUT", 2)
-    monkeypatch.setattr(runs, "MERGE_ABOVE", 2)
+    monkeypatch.setattr(run_merge, "FANOUT", 2)
+    monkeypatch.setattr(run_merge, "MERGE_ABOVE", 2)
     path = tmp_path / f"runs-{len(list(tmp_path.iterdir()))}.db"
     store = open_store(f"sqlite:///{path}?run_min_keys=1", prefix=("t",))
     model: dict[tuple, bytes] = {}

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from millstream.state import Store, StoreTransaction, add_int64s, encode_int64, open_store
 from millstream.state.keys import wrap_int64
-from millstream.state.sqlite import runs
+from millstream.state.sqlite import run_merge
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 KEYSPACES: dict[str, tuple[st.SearchStrategy[Any], pa.DataType]] = {
@@ -102,8 +102,8 @@ def _check(store: Store, model: Model) -> None:
 @pytest.fixture(autouse=True)
 def _merge_often(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs of a size merge once there are more than two (eight beyond 24 by default)."""
-    monkeypatch.setattr(runs, "FANOUT", 2)
-    monkeypatch.setattr(runs, "MERGE_ABOVE", 2)
+    monkeypatch.setattr(run_merge, "FANOUT", 2)
+    monkeypatch.setattr(run_merge, "MERGE_ABOVE", 2)
 
 
 @settings(max_examples=40)

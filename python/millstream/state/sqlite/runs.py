@@ -1,4 +1,5 @@
-"""Delta runs: large ``add_many`` batches kept as sorted, compressed runs beside the table.
+"""Delta runs and their stored format: large ``add_many`` batches kept as sorted,
+compressed runs beside the table.
 
 Upserting a commit's counters into the key-value B-tree rewrites every page its keys land
 on: a commit of 300,000 random keys into a table of millions rewrites nearly the whole
@@ -15,41 +16,33 @@ added in the runs' order (``ord``), by FoundationDB's ``ADD`` rule
 backend sees them. Runs stay few: beyond ``MERGE_ABOVE`` of them, ``FANOUT`` runs of one
 size class and width merge into one (each delta is rewritten about log_FANOUT(total / run)
 times), after the commit that added the run, on a thread of the committing process
-(:class:`RunMerger`), outside the write lock and by one process at a time
-(:func:`merge_runs`). A write
+(:class:`~millstream.state.sqlite.run_merge.RunMerger`), outside the write lock and by one
+process at a time (:func:`~millstream.state.sqlite.run_merge.merge_runs`). A write
 to a key a run holds that does not commute with the run's adds (a set, a clear, a cleared
 range, an add of another width) first folds every run into the table
-(:meth:`RunWriter.flush`), so the table never holds a write newer than a run on the same
-key.
+(:meth:`~millstream.state.sqlite.run_writer.RunWriter.flush`), so the table never holds a
+write newer than a run on the same key.
 
 A run is written in its committing transaction, with the rest of the commit: all or
 nothing, as the commit itself; a merge or fold changes no key's value. A run's row also
 holds a generation, random bytes drawn for each run stored: the decoded runs a process
-keeps (:class:`RunCache`) are checked against it, and a write transaction never puts the
-runs it wrote there (until it commits they are not the table's: a rolled-back id is given
-to the next run committed).
+keeps (:class:`~millstream.state.sqlite.run_cache.RunCache`) are checked against it, and a
+write transaction never puts the runs it wrote there (until it commits they are not the
+table's: a rolled-back id is given to the next run committed).
 """
 
 from __future__ import annotations
 
-import fcntl
-import math
-import os
 import secrets
 import sqlite3
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.state.keys import EncodedKeys, add_int64s
-from millstream.state.sqlite.sql import SQL_ADD, SQL_ADD_LANES, begin_transaction
+from millstream.state.keys import EncodedKeys
 
 DEFAULT_RUN_MIN_KEYS = 256
 """Keys an ``add_many`` must hold to become a run (fewer: upserted into the table, where
@@ -60,17 +53,6 @@ the run), and the store's one write lock queues every other writer behind it.
 
 INDEXED_KEYS = 16_384
 """Runs of at most this many keys answer point reads from a dictionary of their keys."""
-
-FANOUT = 8
-"""Runs of one size class that merge into one."""
-
-MERGE_ABOVE = 24
-"""Runs kept before any merge: a job of a few dozen commits never merges (its output is
-read once, at the end, when a range read sums the runs in one pass anyway); a longer one
-merges a group whenever the runs exceed this, so reads fold at most about this many."""
-
-MAX_RUNS = 64
-"""More runs than this (widths alternating so that none merge) fold into the table."""
 
 SQL_CREATE_RUNS = (
     "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
@@ -303,123 +285,6 @@ def _join(prefix: bytes, suffixes: pa.Array) -> pa.BinaryArray:
     return pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), suffixes, empty)
 
 
-class RunCache:
-    """Decoded runs by id, shared by a store's transactions.
-
-    Only runs of committed snapshots enter it: a committed run never changes (a merge
-    writes a new one) and its id is never given to another. A run a write transaction
-    inserted is not committed until that transaction is, and SQLite gives the id of a
-    rolled-back insert to the next run committed, so such runs stay out
-    (:meth:`RunWriter.run`). Each entry is also checked against the generation the table
-    holds for the id.
-    """
-
-    def __init__(self, size: int = 32) -> None:
-        self._size = size
-        self._runs: OrderedDict[int, tuple[bytes | None, Run]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, conn: sqlite3.Connection, info: RunInfo) -> Run:
-        """The run ``info`` names, read through ``conn`` (whose snapshot holds it, committed)."""
-        with self._lock:
-            entry = self._runs.get(info.id)
-            if entry is not None and entry[0] == info.generation:
-                self._runs.move_to_end(info.id)
-                return entry[1]
-        row = conn.execute(SQL_RUN_DATA, (info.id,)).fetchone()
-        if row is None:
-            raise sqlite3.DatabaseError(f"run {info.id} is missing from the runs table")
-        run = Run.decode(row[0])
-        with self._lock:
-            self._runs[info.id] = (info.generation, run)
-            while len(self._runs) > self._size:
-                self._runs.popitem(last=False)
-        return run
-
-
-def fold_value(
-    cache: RunCache,
-    conn: sqlite3.Connection,
-    runs: list[RunInfo],
-    key: bytes,
-    stored: bytes | None,
-) -> bytes | None:
-    """``key``'s value: its table value ``stored`` with the deltas of the runs folded in."""
-    for info in runs:
-        if info.covers(key):
-            delta = cache.get(conn, info).delta(key)
-            if delta is not None:
-                stored = add_int64s(stored, delta)
-    return stored
-
-
-def fold_many(
-    cache: RunCache,
-    conn: sqlite3.Connection,
-    runs: list[RunInfo],
-    keys: list[bytes],
-    found: dict[bytes, bytes],
-) -> None:
-    """:func:`fold_value` for each of ``keys`` (unique) into ``found`` (table values).
-
-    A few keys are looked up by binary search; many at once in Arrow
-    (``index_in``, one hash of the run's keys), so reading back a batch of the keys a big
-    ``add_many`` wrote costs about what the batch did.
-    """
-    for info in runs:
-        candidates = [k for k in keys if info.covers(k)]
-        if not candidates:
-            continue
-        run = cache.get(conn, info)
-        if len(candidates) * 64 < len(run):
-            hits = [(k, run.delta(k)) for k in candidates]
-        else:
-            where = pc.index_in(pa.array(candidates, pa.binary()), value_set=run.keys)
-            hits = [
-                (k, None if i is None else run.deltas[i].tobytes())
-                for k, i in zip(candidates, where.to_pylist(), strict=True)
-            ]
-        for key, delta in hits:
-            if delta is not None:
-                found[key] = add_int64s(found.get(key), delta)
-
-
-def fold_range(
-    cache: RunCache,
-    conn: sqlite3.Connection,
-    runs: list[RunInfo],
-    rows: list[tuple[bytes, bytes]],
-    begin: bytes,
-    end: bytes,
-) -> list[tuple[bytes, bytes]]:
-    """The table's ``rows`` in ``[begin, end)`` with the runs folded in, in key order.
-
-    Consecutive runs of one width are summed in Arrow first (:meth:`Run.merge`), so a
-    range over millions of keys pays Python per key once, not once per run.
-    """
-    groups: list[list[Run]] = []
-    for info in runs:
-        if not info.overlaps(begin, end):
-            continue
-        run = cache.get(conn, info)
-        if groups and groups[-1][0].width == run.width:
-            groups[-1].append(run)
-        else:
-            groups.append([run])
-    values: dict[bytes, bytes] = dict(rows)
-    for group in groups:
-        run = group[0] if len(group) == 1 else Run.merge([r.slice(begin, end) for r in group])
-        items = run.items(begin, end)
-        if not values:
-            values = dict(items)
-            if len(groups) == 1:
-                return items  # one sorted source: no fold, no sort
-            continue
-        for key, delta in items:
-            values[key] = add_int64s(values.get(key), delta)
-    return sorted(values.items())
-
-
 @dataclass(frozen=True)
 class EncodedRun:
     """A run and its stored bytes, made from an ``add_many`` before the commit takes the
@@ -448,283 +313,10 @@ def becomes_run(keys: Sequence[bytes], min_keys: int) -> bool:
     return min_keys > 0 and len(keys) >= min_keys
 
 
-def _insert(conn: sqlite3.Connection, encoded: EncodedRun, order: int) -> RunInfo:
+def insert_run(conn: sqlite3.Connection, encoded: EncodedRun, order: int) -> RunInfo:
     """Store ``encoded`` at ``order`` among the runs."""
     run = encoded.run
     lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
     values = (order, lo, hi, run.width, len(run), encoded.data, encoded.generation)
     (run_id,) = conn.execute(SQL_INSERT_RUN, values).fetchone()
     return RunInfo(run_id, order, lo, hi, run.width, len(run), encoded.generation)
-
-
-def _size_class(entries: int, min_keys: int) -> int:
-    base = max(min_keys, 1)
-    return int(math.log(max(entries, base) / base, FANOUT) + 1e-9)
-
-
-def merge_due(runs: list[RunInfo], min_keys: int) -> list[RunInfo]:
-    """Runs to merge into one: when there are more than ``MERGE_ABOVE``, ``FANOUT`` runs of
-    one size class (entries within a factor ``FANOUT`` of each other, counted from
-    ``min_keys``), the smallest class that has that many; else none.
-
-    The runs of one width that lie between runs of other widths commute (their deltas add
-    lane by lane), so a group is any runs of such a stretch, not only neighbours: runs that
-    two writers add in turn, or that merges left of several sizes, interleave, and a group
-    of neighbours would seldom form. A stretch of more than ``MERGE_ABOVE`` runs without a
-    full class merges its ``FANOUT`` smallest runs, so the runs stay few whatever their
-    sizes.
-    """
-    if len(runs) <= MERGE_ABOVE:
-        return []
-    stretches: list[list[RunInfo]] = []
-    for info in runs:
-        if stretches and stretches[-1][0].width == info.width:
-            stretches[-1].append(info)
-        else:
-            stretches.append([info])
-    for stretch in stretches:
-        classes: dict[int, list[RunInfo]] = {}
-        for info in stretch:
-            classes.setdefault(_size_class(info.entries, min_keys), []).append(info)
-        for size in sorted(classes):
-            if len(classes[size]) >= FANOUT:
-                return classes[size][:FANOUT]
-    longest = max(stretches, key=len)
-    if len(longest) > MERGE_ABOVE:
-        smallest = sorted(longest, key=lambda info: info.entries)[:FANOUT]
-        return sorted(smallest, key=lambda info: info.ord)
-    return []
-
-
-class MergeLock:
-    """One merger at a time among the processes of a store: the writers of a busy store
-    all see the same group due and would each compute the same merge, of which all but
-    one are thrown away. A non-blocking ``flock`` of a file beside the database (released
-    by the kernel if its holder dies); a process that does not get it leaves the merge to
-    the one that has it."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd: int | None = None
-        self._pid = os.getpid()
-        self._threads = threading.Lock()
-
-    @contextmanager
-    def held(self) -> Iterator[bool]:
-        """Whether this process holds the lock, for the ``with`` block."""
-        if self._pid != os.getpid():
-            # A forked child starts afresh: a lock taken through the parent's file would be
-            # the parent's lock too, and the parent's threads may have held the other.
-            self._fd, self._pid, self._threads = None, os.getpid(), threading.Lock()
-        if not self._threads.acquire(blocking=False):
-            yield False
-            return
-        try:
-            fd = self._file()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            self._threads.release()
-
-    def _file(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        return self._fd
-
-    def close(self) -> None:
-        """Close the lock's file (this process's)."""
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
-
-
-def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout_ms: int) -> int:
-    """Merge runs while :func:`merge_due` finds a group; returns how many merges.
-
-    The merge is computed from a read snapshot, outside the write lock (a merge of
-    millions of keys takes seconds, which other writers must not wait for); a short write
-    transaction then swaps the group for the merged run if the group is still there (a
-    concurrent merge or fold may have taken it: then nothing is written). The merged run
-    takes the place of the group's newest, so the runs' order is kept, and it holds the
-    group's sums, so no key's value changes: no reader conflicts with a merge.
-    """
-    merges = 0
-    while True:
-        rows = begin_transaction(conn, ("BEGIN", SQL_LIST_RUNS), timeout_ms)
-        try:
-            group = merge_due([RunInfo(*row) for row in rows], min_keys)
-            merged = Run.merge([cache.get(conn, info) for info in group]) if group else None
-        finally:
-            conn.execute("COMMIT")
-        if merged is None:
-            return merges
-        encoded = EncodedRun.of_run(merged)
-        ids = [info.id for info in group]
-        begin_transaction(conn, ("BEGIN IMMEDIATE",), timeout_ms)
-        try:
-            marks = ",".join("?" * len(ids))
-            (present,) = conn.execute(
-                f"SELECT count(*) FROM runs WHERE id IN ({marks})", ids
-            ).fetchone()
-            if present != len(ids):
-                conn.execute("ROLLBACK")
-                return merges
-            conn.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
-            _insert(conn, encoded, group[-1].ord)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        merges += 1
-
-
-class RunMerger:
-    """Merges runs on a thread of its own, so that the commit that made a merge due
-    returns at once: a merge of big runs takes a tenth of a second and more, which a
-    reducer would otherwise spend between its commits while rows wait for it.
-
-    ``merge()`` does one round of merges (its own connection, the :class:`MergeLock`, its
-    failures logged); :meth:`request` wakes the thread, started on first use in each
-    process (a forked child starts its own).
-    """
-
-    def __init__(self, merge: Callable[[], None]) -> None:
-        self._merge = merge
-        self._pid = -1
-        self._changed = threading.Condition()
-        self._requested = 0
-        """Requests so far; a round started after request ``n`` serves it."""
-        self._served = 0
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def request(self) -> None:
-        """Merge soon (what is due then)."""
-        if self._closed:
-            return
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._changed = threading.Condition()  # the parent's threads may have held it
-            self._requested = self._served = 0
-            self._thread = threading.Thread(
-                target=self._run, name="millstream-run-merger", daemon=True
-            )
-            self._thread.start()
-        with self._changed:
-            self._requested += 1
-            self._changed.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: self._closed or self._requested > self._served)
-                if self._closed:
-                    return
-                round_serves = self._requested
-            self._merge()
-            with self._changed:
-                self._served = round_serves
-                self._changed.notify_all()
-
-    def settle(self, timeout: float | None = None) -> bool:
-        """Wait until the merges requested so far are done; False on timeout."""
-        if self._thread is None or self._pid != os.getpid():
-            return True
-        with self._changed:
-            wanted = self._requested
-            return self._changed.wait_for(lambda: self._served >= wanted, timeout)
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop the thread after the merge under way (none is left half done: a merge
-        swaps its runs in one transaction)."""
-        if self._pid != os.getpid():  # no thread here (a forked child's is its own)
-            self._closed = True
-            return
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
-        if self._thread is not None and self._pid == os.getpid():
-            self._thread.join(timeout)
-
-
-class RunWriter:
-    """The runs side of one commit, under the write lock: adds runs, and folds them into
-    the table when a write needs it."""
-
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        cache: RunCache,
-        runs: list[RunInfo],
-    ) -> None:
-        self.conn = conn
-        self.cache = cache
-        self.runs = runs
-        self.added = False
-        """Whether this commit wrote a run (then it, and only it, may merge after)."""
-        self._own: dict[int, Run] = {}
-        """The runs this commit wrote, by id: never in the shared cache (see
-        :class:`RunCache`)."""
-
-    def run(self, info: RunInfo) -> Run:
-        """The run ``info`` names: one this commit wrote, or a committed one."""
-        own = self._own.get(info.id)
-        return own if own is not None else self.cache.get(self.conn, info)
-
-    def add(self, encoded: EncodedRun) -> None:
-        """Store an ``add_many`` as a new run (merges come after the commit, outside
-        the write lock: :func:`merge_runs`)."""
-        order = self.runs[-1].ord + 1 if self.runs else 0
-        info = _insert(self.conn, encoded, order)
-        self._own[info.id] = encoded.run
-        self.runs.append(info)
-        self.added = True
-        if len(self.runs) > MAX_RUNS:
-            self.flush()
-
-    def needs_flush(self, keys: Iterable[bytes], kind_width: Callable[[bytes], int]) -> bool:
-        """Whether writing to ``keys`` must fold the runs into the table first: a run
-        holds one of them and the write does not commute with it.
-
-        ``kind_width(key)`` is the width of an add to the key (lanes), or 0 for a set or
-        clear; a same-width add commutes with the runs (lane sums), anything else must
-        come after them.
-        """
-        if not self.runs:
-            return False
-        for key in keys:
-            for info in self.runs:
-                if (
-                    info.covers(key)
-                    and kind_width(key) != info.width
-                    and self.run(info).delta(key) is not None
-                ):
-                    return True
-        return False
-
-    def overlaps(self, begin: bytes, end: bytes) -> bool:
-        """Whether a run holds a key in ``[begin, end)`` (a cleared range)."""
-        return any(
-            info.overlaps(begin, end) and self.run(info).holds_any(begin, end) for info in self.runs
-        )
-
-    def flush(self) -> None:
-        """Fold every run into the table, oldest first, and drop them."""
-        for info in self.runs:
-            run = self.run(info)
-            keys = run.keys.to_pylist()
-            if run.width == 1:
-                deltas: list[Any] = run.deltas[:, 0].tolist()
-                self.conn.executemany(SQL_ADD, zip(keys, deltas, strict=True))
-            else:
-                self.conn.executemany(SQL_ADD_LANES, zip(keys, run.lanes(), strict=True))
-            self.conn.execute(SQL_DELETE_RUN, (info.id,))
-        self.runs = []

@@ -14,17 +14,14 @@ from millstream.exceptions import (
     StoreError,
     StoreUnavailableError,
 )
-from millstream.state.base import Store
 from millstream.state.keys import Key, pack
 from millstream.state.limits import StoreLimits
+from millstream.state.sqlite.run_cache import RunCache
+from millstream.state.sqlite.run_merge import MergeLock, RunMerger, merge_runs
 from millstream.state.sqlite.runs import (
     DEFAULT_RUN_MIN_KEYS,
     SQL_ADD_RUN_GENERATION,
     SQL_CREATE_RUNS,
-    MergeLock,
-    RunCache,
-    RunMerger,
-    merge_runs,
 )
 from millstream.state.sqlite.sql import (
     APPLICATION_ID,
@@ -40,6 +37,7 @@ from millstream.state.sqlite.sql import (
 )
 from millstream.state.sqlite.transaction import SqliteTransaction
 from millstream.state.sqlite.wakeups import Wakeups
+from millstream.state.store import Store
 
 log = logging.getLogger(__name__)
 

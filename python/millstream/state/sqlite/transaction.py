@@ -11,18 +11,15 @@ from typing import TYPE_CHECKING, Any, cast
 from millstream.exceptions import (
     StoreConflictError,
 )
-from millstream.state.base import StoreTransaction
+from millstream.state.sqlite.run_cache import fold_many, fold_range, fold_value
+from millstream.state.sqlite.run_merge import merge_due
+from millstream.state.sqlite.run_writer import RunWriter
 from millstream.state.sqlite.runs import (
     SQL_LIST_RUNS,
     EncodedRun,
     RunInfo,
-    RunWriter,
     becomes_run,
-    fold_many,
-    fold_range,
-    fold_value,
     list_runs,
-    merge_due,
 )
 from millstream.state.sqlite.sql import (
     IN_CHUNK,
@@ -47,6 +44,7 @@ from millstream.state.sqlite.write_buffer import (
     apply_adds,
     compose,
 )
+from millstream.state.transaction import StoreTransaction
 
 if TYPE_CHECKING:
     from millstream.state.sqlite.store import SqliteStore

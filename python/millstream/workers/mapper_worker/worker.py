@@ -20,7 +20,7 @@ from millstream.exceptions import (
     StoreUnavailableError,
     UserCodeError,
 )
-from millstream.workers.clock import Backoff
+from millstream.backoff import Backoff
 from millstream.workers.mapper_worker.drain import MapperDrain
 from millstream.workers.mapper_worker.ingest import Ingestion
 from millstream.workers.mapper_worker.straggler_spill import StragglerSpill

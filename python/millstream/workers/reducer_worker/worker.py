@@ -24,7 +24,7 @@ from millstream.ledger import (
 )
 from millstream.ledger.spill import spill_pending
 from millstream.outputs import finish_publishing
-from millstream.workers.clock import Backoff
+from millstream.backoff import Backoff
 from millstream.workers.reducer_worker import drain
 from millstream.workers.reducer_worker.figures import ReducerFigures
 from millstream.workers.reducer_worker.plain_round import PlainRound

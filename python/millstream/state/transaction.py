@@ -1,28 +1,21 @@
-"""The store and transaction interface every backend implements.
+"""A transaction of the store: the interface every backend implements.
 
-The public methods here take tuple keys, pack them under the store's prefix, enforce
+The public methods take tuple keys, pack them under the store's prefix, enforce
 FoundationDB's limits and keep the size accounting; backends implement the ``_raw_*``
 methods on packed byte keys.
 """
 
 from __future__ import annotations
 
-import contextlib
-import random
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.exceptions import (
-    CommitUnknownResultError,
-    ConfigurationError,
-    RetryableStoreError,
-)
+from millstream.exceptions import ConfigurationError
 from millstream.state.keys import (
     Key,
     encode_keys,
@@ -33,68 +26,9 @@ from millstream.state.keys import (
     unpack,
     wrap_int64,
 )
-from millstream.state.limits import DEFAULT_LIMITS, StoreLimits
 
-T = TypeVar("T")
-
-BACKOFF_BASE_SECONDS = 0.005
-"""First retry delay of :meth:`Store.transact` (before jitter)."""
-
-BACKOFF_CAP_SECONDS = 1.0
-"""Largest retry delay of :meth:`Store.transact`."""
-
-DEFAULT_MAX_RETRIES = 100
-"""Retries :meth:`Store.transact` makes before it gives up and raises the last error."""
-
-
-def backoff_delay(attempt: int) -> float:
-    """Jittered exponential backoff: uniform in ``[c/4, c]``, c = min(cap, base * 2**attempt)."""
-    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2 ** min(attempt, 30)))
-    return random.uniform(ceiling / 4, ceiling)
-
-
-def run_transaction(
-    create: Callable[[], StoreTransaction],
-    fn: Callable[[StoreTransaction], T],
-    *,
-    idempotent: bool = False,
-    max_retries: int | None = DEFAULT_MAX_RETRIES,
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """The retry loop of :meth:`Store.transact`, on transactions made by ``create``.
-
-    ``sleep`` waits between attempts (a simulation passes one that does not block).
-    """
-    attempt = 0
-    while True:
-        txn = create()
-        try:
-            result = fn(txn)
-            txn.commit()
-            return result
-        except CommitUnknownResultError as exc:
-            txn.reset()
-            if not idempotent:
-                name = getattr(fn, "__qualname__", repr(fn))
-                raise CommitUnknownResultError(
-                    f"{exc}. The transaction ({name}) may have been applied, and it is not "
-                    "declared idempotent, so it was not run again (that could apply it "
-                    "twice). Read whether its writes landed before running it again, or make "
-                    "it idempotent (running it again after it landed must change nothing) "
-                    "and pass transact(..., idempotent=True)"
-                ) from exc
-            if max_retries is not None and attempt >= max_retries:
-                raise
-        except RetryableStoreError:
-            txn.reset()
-            if max_retries is not None and attempt >= max_retries:
-                raise
-        except BaseException:
-            txn.reset()
-            raise
-        sleep(backoff_delay(attempt))
-        attempt += 1
-
+if TYPE_CHECKING:
+    from millstream.state.store import Store
 
 SORT_THRESHOLD = 1024
 """Batches at least this long are written in key order (B-tree friendly, about 35% faster)."""
@@ -190,9 +124,6 @@ class StoreTransaction(ABC):
         raw = self._prefix + pack(key)
         self._limits.check_key(raw)
         return raw
-
-    def _relative(self, raw: bytes) -> Key:
-        return unpack(raw[len(self._prefix) :])
 
     def _bounds(self, begin: Key, end: Key) -> tuple[bytes, bytes]:
         b = self._prefix + pack(begin)
@@ -437,7 +368,9 @@ class StoreTransaction(ABC):
         ``prefix`` instead of this store's. What lets a reducer append to a queue or record
         a sink's file, which live under their own prefixes, atomically with its commit.
         """
-        return _ScopedTransaction(self, prefix)
+        from millstream.state.scoped import ScopedTransaction  # a subclass of this one
+
+        return ScopedTransaction(self, prefix)
 
     def wake_on_commit(self, key: Key) -> None:
         """Once this transaction commits, wake whoever waits for ``key`` to change
@@ -527,213 +460,4 @@ class StoreTransaction(ABC):
     def _raw_reset(self) -> None: ...
 
 
-class _ScopedTransaction(StoreTransaction):
-    """A view of a transaction under another prefix; see :meth:`StoreTransaction.scoped`."""
-
-    def __init__(self, parent: StoreTransaction, prefix: Key) -> None:
-        super().__init__(parent.store)
-        self._parent = parent
-        self._prefix = pack(prefix)
-
-    @property
-    def write_size(self) -> int:
-        return self._parent.write_size
-
-    def _start(self) -> None:
-        self._parent._start()
-
-    def _start_write(self) -> None:
-        self._parent._start_write()
-
-    def _grow(self, size: int) -> None:
-        self._parent._grow(size)
-
-    def _raw_wake(self, key: bytes) -> None:
-        self._parent._raw_wake(key)
-
-    def _raw_get(self, key: bytes, snapshot: bool) -> bytes | None:
-        return self._parent._raw_get(key, snapshot)
-
-    def _raw_get_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
-        return self._parent._raw_get_many(keys, snapshot)
-
-    def _raw_get_range(
-        self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
-    ) -> list[tuple[bytes, bytes]]:
-        return self._parent._raw_get_range(begin, end, limit, reverse, snapshot)
-
-    def _raw_set(self, key: bytes, value: bytes) -> None:
-        self._parent._raw_set(key, value)
-
-    def _raw_set_many(self, keys: list[bytes], values: list[bytes]) -> None:
-        self._parent._raw_set_many(keys, values)
-
-    def _raw_clear(self, key: bytes) -> None:
-        self._parent._raw_clear(key)
-
-    def _raw_clear_range(self, begin: bytes, end: bytes) -> None:
-        self._parent._raw_clear_range(begin, end)
-
-    def _raw_add(self, key: bytes, delta: int) -> None:
-        self._parent._raw_add(key, delta)
-
-    def _raw_add_many(self, keys: Sequence[bytes], deltas: list[int]) -> None:
-        self._parent._raw_add_many(keys, deltas)
-
-    def _raw_add_lanes(self, keys: Sequence[bytes], deltas: list[bytes]) -> None:
-        self._parent._raw_add_lanes(keys, deltas)
-
-    def _raw_commit(self) -> None:
-        raise TypeError("a scoped view does not commit: commit the transaction it views")
-
-    def _raw_reset(self) -> None:
-        raise TypeError("a scoped view does not reset: reset the transaction it views")
-
-
-class Store(ABC):
-    """A transactional ordered key-value store under a per-processor key prefix.
-
-    Open one with :func:`~millstream.state.open_store`. A store may be used from several
-    threads (each transaction from one thread at a time) and pickled into child processes,
-    which reopen it from its URL; no connection crosses a fork.
-
-    Attributes:
-        clock: Monotonic seconds, read to enforce the transaction time limit; the real
-            clock unless a simulation replaces it (it is not pickled).
-    """
-
-    clock: Callable[[], float]
-
-    def __init__(self, url: str, prefix: Key, limits: StoreLimits | None) -> None:
-        if not isinstance(prefix, tuple):
-            raise ConfigurationError(
-                f"store prefix must be a tuple, e.g. ('wordcount',); got {prefix!r}"
-            )
-        self._url = url
-        self._prefix = prefix
-        self._prefix_bytes = pack(prefix)
-        self._limits = limits or DEFAULT_LIMITS
-        self.clock = time.monotonic
-
-    @property
-    def url(self) -> str:
-        """The URL the store was opened from."""
-        return self._url
-
-    @property
-    def prefix(self) -> Key:
-        """The tuple every key of this store object lives under."""
-        return self._prefix
-
-    @property
-    def prefix_bytes(self) -> bytes:
-        """The packed prefix."""
-        return self._prefix_bytes
-
-    @property
-    def limits(self) -> StoreLimits:
-        """The limits enforced on every transaction."""
-        return self._limits
-
-    @abstractmethod
-    def create_transaction(self) -> StoreTransaction:
-        """Start a transaction; commit it with :meth:`StoreTransaction.commit`."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Release connections. Transactions still open become unusable."""
-
-    def wait_for(
-        self, key: Key, until: Callable[[bytes | None], bool], timeout_seconds: float
-    ) -> None:
-        """Return once ``until(value of key)`` holds, or the key may have changed since the
-        caller's last read (the last wait of this thread for ``key``, on the embedded
-        store), or ``timeout_seconds`` passed, whichever comes first; the caller reads again.
-
-        What a reader at the end of its input calls instead of polling: it wakes as soon as
-        a writer's transaction commits (on the embedded store, a transaction that named the
-        key with :meth:`StoreTransaction.wake_on_commit`). Here, for backends without
-        notifications: one read, then a sleep through the timeout.
-        """
-        with self.read() as txn:
-            if until(txn.get(key, snapshot=True)):
-                return
-        time.sleep(max(0.0, timeout_seconds))
-
-    def _wake(self, keys: set[bytes]) -> None:
-        """Wake the waiters of ``keys`` (packed), after a commit that wrote them; backends
-        whose reads see other processes' commits by themselves do nothing."""
-        return
-
-    @contextlib.contextmanager
-    def read(self) -> Iterator[StoreTransaction]:
-        """A transaction to read in, reset when the block ends (it never commits).
-
-        ``with store.read() as tr: state = read_mapper_state(tr, m)``. Writes made in it
-        are dropped; use :meth:`transact` to write.
-        """
-        txn = self.create_transaction()
-        try:
-            yield txn
-        finally:
-            txn.reset()
-
-    def transact(
-        self,
-        fn: Callable[[StoreTransaction], T],
-        *,
-        idempotent: bool = False,
-        max_retries: int | None = DEFAULT_MAX_RETRIES,
-    ) -> T:
-        """Run ``fn`` in a new transaction and commit, retrying on retryable errors.
-
-        Each attempt gets a fresh transaction, so ``fn`` must not keep state between calls
-        (it may run several times). Conflicts and too-old errors are retried after a
-        jittered exponential backoff; every other error propagates. A commit whose outcome
-        is unknown (:class:`~millstream.exceptions.CommitUnknownResultError`: it may have
-        been applied) is retried only when ``fn`` is declared idempotent; otherwise it is
-        raised, since running ``fn`` again after it landed would apply it twice.
-
-        Args:
-            fn: Called with the transaction; its result is returned after the commit.
-            idempotent: ``fn`` changes nothing when run again after an attempt that landed
-                (it checks in the transaction whether its work is done, e.g. a sequence
-                number it records, or only reads and overwrites with the same values).
-            max_retries: Give up after this many retries and raise the last error; ``None``
-                retries forever.
-
-        Returns:
-            What ``fn`` returned in the attempt that committed.
-
-        Raises:
-            CommitUnknownResultError: A commit's outcome is unknown and ``fn`` is not
-                declared idempotent; the message says what to do.
-        """
-        return run_transaction(
-            self.create_transaction, fn, idempotent=idempotent, max_retries=max_retries
-        )
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __reduce__(self) -> tuple[Callable[..., Store], tuple[str, Key, StoreLimits]]:
-        from millstream.state.url import open_store
-
-        return open_store, (self._url, self._prefix, self._limits)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._url!r}, prefix={self._prefix!r})"
-
-
-__all__ = [
-    "BACKOFF_BASE_SECONDS",
-    "BACKOFF_CAP_SECONDS",
-    "DEFAULT_MAX_RETRIES",
-    "Store",
-    "StoreTransaction",
-    "backoff_delay",
-    "run_transaction",
-]
+__all__ = ["SORT_THRESHOLD", "StoreTransaction"]
