@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from millstream.backoff import Backoff
 from millstream.exceptions import (
     MapperSupersededError,
     RetryableStoreError,
@@ -20,7 +21,6 @@ from millstream.exceptions import (
     StoreUnavailableError,
     UserCodeError,
 )
-from millstream.backoff import Backoff
 from millstream.workers.mapper_worker.drain import MapperDrain
 from millstream.workers.mapper_worker.ingest import Ingestion
 from millstream.workers.mapper_worker.straggler_spill import StragglerSpill

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from millstream.backoff import Backoff
 from millstream.exceptions import RetryableStoreError, StoreUnavailableError, UserCodeError
 from millstream.ledger import (
     ReducerState,
@@ -24,7 +25,6 @@ from millstream.ledger import (
 )
 from millstream.ledger.spill import spill_pending
 from millstream.outputs import finish_publishing
-from millstream.backoff import Backoff
 from millstream.workers.reducer_worker import drain
 from millstream.workers.reducer_worker.figures import ReducerFigures
 from millstream.workers.reducer_worker.plain_round import PlainRound
