@@ -92,7 +92,8 @@ def test_a_replay_in_another_process_is_identical() -> None:
         "from tests.simulation import test_replay as t\n"
         "print(json.dumps(t._digest(t.replay(t.CONFIG, t.STEPS))))\n"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )
