@@ -212,6 +212,43 @@ def test_a_commit_encodes_its_runs_before_it_takes_the_write_lock(
     store.close()
 
 
+def test_runs_a_store_committed_or_merged_are_not_decoded_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run enters the shared cache once the commit that wrote it landed, and a merged
+    run once its merge did: the merges and reads after them decode nothing. A commit that
+    rolled back leaves nothing there (tests/faults/test_run_cache.py)."""
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}?run_min_keys=1")
+    assert isinstance(store, SqliteStore)
+    decoded: list[int] = []
+    decode = Run.decode.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[Run], data: bytes) -> Run:
+        run = decode(cls, data)
+        decoded.append(len(run))
+        return run
+
+    monkeypatch.setattr(Run, "decode", classmethod(counting))
+    expected: dict[int, int] = {}
+    for batch in range(MERGE_ABOVE + 1):  # one merge due; every run fits the cache
+        keys = list(range(batch * 10, batch * 10 + 10))
+        store.transact(
+            lambda txn, keys=keys: txn.add_many(
+                ("n",), pa.array(keys, pa.int64()), pa.array(keys, pa.int64())
+            )
+        )
+        expected.update({k: k for k in keys})
+    assert store.merger.settle(30)
+    with store.read() as txn:
+        got = {key[1]: v for key, v in txn.get_range_startswith(("n",))}
+    assert got == {k: encode_int64(v) for k, v in expected.items()}
+    assert decoded == []
+    conn = sqlite3.connect(tmp_path / "s.db")
+    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == MERGE_ABOVE + 2 - FANOUT
+    conn.close()
+    store.close()
+
+
 def test_a_version_1_store_opens_with_an_empty_runs_table(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     store = open_store(f"sqlite:///{path}")

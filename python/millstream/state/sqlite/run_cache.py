@@ -23,9 +23,10 @@ class RunCache:
     Only runs of committed snapshots enter it: a committed run never changes (a merge
     writes a new one) and its id is never given to another. A run a write transaction
     inserted is not committed until that transaction is, and SQLite gives the id of a
-    rolled-back insert to the next run committed, so such runs stay out
-    (:meth:`~millstream.state.sqlite.run_writer.RunWriter.run`). Each entry is also
-    checked against the generation the table holds for the id.
+    rolled-back insert to the next run committed, so such runs enter only once their
+    commit landed (:meth:`~millstream.state.sqlite.run_writer.RunWriter.committed`), and a
+    merged run once its merge did. Each entry is also checked against the generation the
+    table holds for the id.
     """
 
     def __init__(self, size: int = 32) -> None:
@@ -44,11 +45,17 @@ class RunCache:
         if row is None:
             raise sqlite3.DatabaseError(f"run {info.id} is missing from the runs table")
         run = Run.decode(row[0])
+        self.put(info, run)
+        return run
+
+    def put(self, info: RunInfo, run: Run) -> None:
+        """Hold ``run``, committed under ``info`` (a run decoded, or one whose writing
+        transaction committed: never one of a transaction that may still roll back)."""
         with self._lock:
             self._runs[info.id] = (info.generation, run)
+            self._runs.move_to_end(info.id)
             while len(self._runs) > self._size:
                 self._runs.popitem(last=False)
-        return run
 
 
 def fold_value(

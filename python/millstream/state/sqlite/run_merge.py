@@ -149,12 +149,13 @@ def merge_runs(conn: sqlite3.Connection, cache: RunCache, min_keys: int, timeout
                 conn.execute("ROLLBACK")
                 return merges
             conn.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
-            insert_run(conn, encoded, group[-1].ord)
+            info = insert_run(conn, encoded, group[-1].ord)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        cache.put(info, merged)
         merges += 1
 
 

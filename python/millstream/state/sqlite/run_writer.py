@@ -32,8 +32,17 @@ class RunWriter:
         self.added = False
         """Whether this commit wrote a run (then it, and only it, may merge after)."""
         self._own: dict[int, Run] = {}
-        """The runs this commit wrote, by id: never in the shared cache (see
-        :class:`RunCache`)."""
+        """The runs this commit wrote, by id: in the shared cache only once the commit
+        landed (:meth:`committed`; see :class:`RunCache`)."""
+
+    def committed(self) -> None:
+        """The commit landed: the runs it wrote and kept are committed runs now, which the
+        shared cache may hold (the next commit or merge then decodes none of them)."""
+        for info in self.runs:
+            own = self._own.get(info.id)
+            if own is not None:
+                self.cache.put(info, own)
+        self._own = {}
 
     def run(self, info: RunInfo) -> Run:
         """The run ``info`` names: one this commit wrote, or a committed one."""

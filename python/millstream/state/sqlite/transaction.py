@@ -438,6 +438,7 @@ class SqliteTransaction(StoreTransaction):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            writer.committed()
             if writer.added and merge_due(writer.runs, self._sqlite.run_min_keys):
                 self._sqlite.merger.request()
         except sqlite3.Error as exc:
