@@ -58,10 +58,9 @@ import millstream as ms
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
-from millstream.ledger import OUTPUT
-from millstream.state import decode_int64, open_store
 
 from bench.io_meter import ProcessTreeMeter
+from bench.keyed_sum_stores import expected_sums, stored_sums
 from examples import keyed_sum
 
 ROW_BYTES = 84
@@ -178,26 +177,6 @@ def fill_topic(bootstrap: str, topic: str, data: Path, partitions: int) -> None:
 
 
 # -- the runs ----------------------------------------------------------------------------------
-
-
-def expected_sums(data: Path) -> dict[int, int]:
-    """Sum of ``value`` per ``key`` over the files, with pyarrow alone."""
-    table = pads.dataset(str(data), format="parquet", partitioning="hive").to_table(
-        columns=["key", "value"]
-    )
-    sums = table.group_by("key").aggregate([("value", "sum")])
-    return dict(zip(sums["key"].to_pylist(), sums["value_sum"].to_pylist(), strict=True))
-
-
-def stored_sums(url: str, name: str) -> dict[int, int]:
-    """The ``("sum", key)`` counters a run committed."""
-    store = open_store(url, prefix=(name,))
-    try:
-        with store.read() as txn:
-            rows = txn.get_range_startswith((*OUTPUT, "sum"))
-        return {key[-1]: decode_int64(value) for key, value in rows}
-    finally:
-        store.close()
 
 
 def inputs(data: Path, bootstrap: str, topic: str) -> dict[str, Callable[[], Any]]:
