@@ -190,9 +190,9 @@ class Processor:
                 f"tuning.on_user_error must be 'stop' or 'retry', got {t.on_user_error!r}"
             )
         r = t.restart
-        if r.max_restarts < 0 or r.window_seconds <= 0 or r.backoff_seconds < 0:
+        if r.max_restarts < 0 or r.interval_seconds <= 0 or r.backoff_seconds < 0:
             raise ConfigurationError(
-                "tuning.restart needs max_restarts >= 0, window_seconds > 0 and "
+                "tuning.restart needs max_restarts >= 0, interval_seconds > 0 and "
                 f"backoff_seconds >= 0; got {r!r}"
             )
         if t.get_rows_max_bytes >= t.grpc_max_message_bytes:

@@ -11,6 +11,7 @@ until the watermark closes it, and only the pane's result is written.
 
 from __future__ import annotations
 
+import warnings
 from abc import abstractmethod
 from collections.abc import Sequence
 
@@ -25,17 +26,16 @@ class PendingRows:
     """The rows a :class:`QueueReducer` has fetched and not finished, for one round.
 
     Attributes:
-        rows: Every pending row, each mapper's rows in the order that mapper produced them,
-            mapper after mapper (a "mapper" here is an input partition: a mapper worker
-            reading several partitions produces each one's rows apart).
-        mapper_indices: The partition each row came from (int32, one per row).
-        ended_mappers: Partitions whose input ended and whose every row for this reducer is
+        rows: Every pending row, each input partition's rows in the order its mapper
+            produced them, partition after partition.
+        partitions: The input partition each row came from (int32, one per row).
+        ended_partitions: Partitions whose input ended and whose every row for this reducer is
             in ``rows`` or finished: nothing more will come from them. When it holds all
             ``spec.num_partitions``, finish every row (the processor drains once all are
             finished). After a
             round too large for one transaction, ``rows`` holds only the first part of each
-            mapper's pending rows (halved until a round commits, then doubled back), and a
-            mapper whose rows are cut is not in it.
+            partition's pending rows (halved until a round commits, then doubled back), and a
+            partition whose rows are cut is not in it.
         fetched_rows: How many of ``rows`` arrived in this round (the others were pending
             already; after a restart every row counts as arrived).
     """
@@ -43,21 +43,41 @@ class PendingRows:
     def __init__(
         self,
         rows: pa.Table,
-        mapper_indices: np.ndarray,
-        ended_mappers: frozenset[int],
+        partitions: np.ndarray,
+        ended_partitions: frozenset[int],
         fetched_rows: int,
     ) -> None:
         self.rows = rows
-        self.mapper_indices = pa.array(mapper_indices, pa.int32())
-        self.ended_mappers = ended_mappers
+        self.partitions = pa.array(partitions, pa.int32())
+        self.ended_partitions = ended_partitions
         self.fetched_rows = fetched_rows
         self._finished = np.zeros(rows.num_rows, dtype=bool)
-        # Each mapper's rows are one run: (mapper, first row, end).
-        starts = np.flatnonzero(np.diff(mapper_indices, prepend=-1) != 0)
-        ends = [*starts[1:], len(mapper_indices)]
+        # Each partition's rows are one run: (partition, first row, end).
+        starts = np.flatnonzero(np.diff(partitions, prepend=-1) != 0)
+        ends = [*starts[1:], len(partitions)]
         self._runs = [
-            (int(mapper_indices[a]), int(a), int(b)) for a, b in zip(starts, ends, strict=True)
+            (int(partitions[a]), int(a), int(b)) for a, b in zip(starts, ends, strict=True)
         ]
+
+    @property
+    def mapper_indices(self) -> pa.Int32Array:
+        """Deprecated name of :attr:`partitions`."""
+        warnings.warn(
+            "PendingRows.mapper_indices is deprecated: use PendingRows.partitions",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.partitions
+
+    @property
+    def ended_mappers(self) -> frozenset[int]:
+        """Deprecated name of :attr:`ended_partitions`."""
+        warnings.warn(
+            "PendingRows.ended_mappers is deprecated: use PendingRows.ended_partitions",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.ended_partitions
 
     def __len__(self) -> int:
         return int(self.rows.num_rows)
@@ -68,9 +88,10 @@ class PendingRows:
         """Mark rows finished (a boolean mask over :attr:`rows`; calls add up), and return
         the mask of the rows this round's commit finishes.
 
-        A reducer's progress is one position per mapper, so the commit finishes, per mapper,
-        the longest run of marked rows from that mapper's first pending row on: a marked
-        row behind an unmarked one of the same mapper stays pending and comes again. Write
+        A reducer's progress is one position per input partition, so the commit finishes,
+        per partition, the longest run of marked rows from that partition's first pending
+        row on: a marked row behind an unmarked one of the same partition stays pending and
+        comes again. Write
         effects only for the rows of the returned mask, or keep what tells you a row is
         covered (such as the end of the last window emitted) in the transaction, so that
         seeing it again changes nothing.
@@ -107,7 +128,7 @@ class PendingRows:
         return pa.array(out, pa.bool_())
 
     def finished_prefix(self) -> dict[int, int]:
-        """Per mapper with pending rows, how many of its first rows the commit finishes."""
+        """Per partition with pending rows, how many of its first rows the commit finishes."""
         out: dict[int, int] = {}
         for m, a, b in self._runs:
             unfinished = np.flatnonzero(~self._finished[a:b])
@@ -140,7 +161,7 @@ class QueueReducer(Reducer):
     def hand_over(self, pending: PendingRows, txn: Transaction) -> None:
         """Called instead of :meth:`process` during a rescale (:func:`millstream.rescale`)
         once every row up to where the old reducers stop is pending here or finished (their
-        run's inputs end there, and :attr:`PendingRows.ended_mappers` is hidden from
+        run's inputs end there, and :attr:`PendingRows.ended_partitions` is hidden from
         :meth:`process` until then): store through ``txn`` what the pending rows stand for,
         addressed by key group so that each key group's new owner finds it (see
         :class:`~millstream.event_time.PendingPaneReducer`), and finish every row; the

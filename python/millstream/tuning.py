@@ -6,7 +6,8 @@ handed to every mapper and reducer as ``self.config``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 from typing import Literal
 
 from millstream.backoff import exponential_delay
@@ -18,25 +19,38 @@ class RestartStrategy:
     restart strategy, with exponential backoff).
 
     A dead worker is started again after ``backoff_seconds``, doubled for each earlier
-    death within the window, at most ``backoff_max_seconds``. A worker that dies more than
-    ``max_restarts`` times within ``window_seconds`` is in a crash loop that restarting will
-    not end: the run stops with a :class:`~millstream.exceptions.CrashLoopError` naming the
-    worker and its last error. With the defaults a worker that fails at every start stops
-    the run in about ten seconds. Failures that no restart can cure stop the run at once,
+    death within the last ``interval_seconds``, at most ``backoff_max_seconds``. A worker
+    that dies more than ``max_restarts`` times within ``interval_seconds`` is in a crash
+    loop that restarting will not end: the run stops with a
+    :class:`~millstream.exceptions.CrashLoopError` naming the worker and its last error.
+    With the defaults a worker that fails at every start stops the run in about ten
+    seconds. Failures that no restart can cure stop the run at once,
     whatever this says: the user's module failing to import in the worker, a configuration
     error, a ``map`` or ``reduce`` that raises (``on_user_error="stop"``), a corrupt input.
 
     Attributes:
-        max_restarts: Deaths of one worker within the window that are still restarted.
-        window_seconds: How far back deaths count.
+        max_restarts: Deaths of one worker within the interval that are still restarted.
+        interval_seconds: How far back deaths count.
         backoff_seconds: Wait before the first restart.
         backoff_max_seconds: Longest wait before a restart.
+        window_seconds: Deprecated name of ``interval_seconds`` (a window is a mapper's
+            buffer of rows): given, it sets ``interval_seconds``.
     """
 
     max_restarts: int = 10
-    window_seconds: float = 60.0
+    interval_seconds: float = 60.0
     backoff_seconds: float = 0.05
     backoff_max_seconds: float = 2.0
+    window_seconds: InitVar[float | None] = None
+
+    def __post_init__(self, window_seconds: float | None) -> None:
+        if window_seconds is not None:
+            warnings.warn(
+                "RestartStrategy(window_seconds=...) is deprecated: use interval_seconds",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "interval_seconds", window_seconds)
 
     def backoff(self, deaths: int) -> float:
         """Seconds to wait before restarting a worker that died ``deaths`` times lately."""

@@ -77,7 +77,7 @@ def test_too_many_failed_jobs_within_the_window_is_a_crash_loop() -> None:
         input=_OnePartition(),
         store="sqlite:///tmp/millstream-resubmit-test.db",
         num_reducers=1,
-        tuning=ms.Tuning(restart=ms.RestartStrategy(max_restarts=2, window_seconds=60)),
+        tuning=ms.Tuning(restart=ms.RestartStrategy(max_restarts=2, interval_seconds=60)),
     )
     failures: list[float] = []
     failures = _failed_again(processor, failures, MillstreamError("lost"))

@@ -47,7 +47,7 @@ class PlannedOutputs(ms.QueueReducer):
 
     def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
         kinds, finish = PlannedOutputs.plan
-        finish = finish or len(pending.ended_mappers) == self.spec.num_partitions
+        finish = finish or len(pending.ended_partitions) == self.spec.num_partitions
         token = uuid.uuid4().hex
         one = pa.table({"token": [token]})
         if "store" in kinds:

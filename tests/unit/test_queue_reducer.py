@@ -34,7 +34,7 @@ class CountInGroups(ms.QueueReducer):
 
     def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
         keys = pending.rows["key"]
-        everyone = len(pending.ended_mappers) == self.spec.num_partitions
+        everyone = len(pending.ended_partitions) == self.spec.num_partitions
         if everyone:
             pending.finish_all()
         else:

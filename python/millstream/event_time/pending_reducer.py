@@ -87,7 +87,7 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
         # Every row of a partition before a pending watermark row is pending too (or
         # finished), so this round may go by them; only finished ones are stored (below).
         marks = _latest(table.filter(is_mark), reported)
-        watermark = self._watermark(marks, pending.ended_mappers)
+        watermark = self._watermark(marks, pending.ended_partitions)
         if watermark is None or (closed is not None and watermark < closed):
             watermark = closed
         # A partial row is done once its pane closed: now, or in an earlier round.

@@ -59,7 +59,7 @@ class _Slot:
     """None while the worker could not be started (its fork server died, say)."""
     errors: Connection | None
     deaths: list[float] = field(default_factory=list)
-    """When the worker died, within the restart strategy's window (monotonic seconds)."""
+    """When the worker died, within the restart strategy's interval (monotonic seconds)."""
     died_at: float | None = None
     """When the runner saw it dead; None while it runs."""
     last_error: str = ""
@@ -331,7 +331,7 @@ class LocalRunner:
         elif code != -1:
             slot.last_error = ""
         slot.died_at = now
-        slot.deaths = [t for t in slot.deaths if now - t < strategy.window_seconds]
+        slot.deaths = [t for t in slot.deaths if now - t < strategy.interval_seconds]
         slot.deaths.append(now)
         if len(slot.deaths) <= strategy.max_restarts:
             return
@@ -339,10 +339,10 @@ class LocalRunner:
         last = f"; its last error: {slot.last_error}" if slot.last_error else ""
         raise CrashLoopError(
             f"{wid[0]} {wid[1]} {_exit_text(code)}: it died {len(slot.deaths)} times within "
-            f"{strategy.window_seconds:g} s, more than the {strategy.max_restarts} restarts "
+            f"{strategy.interval_seconds:g} s, more than the {strategy.max_restarts} restarts "
             f"the restart strategy allows{last}. Fix the cause and run again (a restart "
             "resumes from the last commit), or allow more restarts with "
-            "Tuning(restart=RestartStrategy(max_restarts=..., window_seconds=...))"
+            "Tuning(restart=RestartStrategy(max_restarts=..., interval_seconds=...))"
         )
 
     def wait(self, timeout: float | None = None) -> RunSummary:

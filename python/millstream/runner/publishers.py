@@ -106,15 +106,15 @@ class PublisherProcesses:
                 continue
             if publisher.died_at is None:
                 publisher.died_at = now
-                window = self.restart.window_seconds
-                publisher.deaths = [t for t in publisher.deaths if now - t < window]
+                interval = self.restart.interval_seconds
+                publisher.deaths = [t for t in publisher.deaths if now - t < interval]
                 publisher.deaths.append(now)
                 if len(publisher.deaths) > self.restart.max_restarts:
                     self.stop()
                     raise CrashLoopError(
                         f"the publisher of queue {publisher.sink.name!r} partition "
                         f"{publisher.partition} to topic {publisher.sink.target.topic!r} died "
-                        f"{len(publisher.deaths)} times within {window:g} s (last exit code "
+                        f"{len(publisher.deaths)} times within {interval:g} s (last exit code "
                         f"{code}; its stderr says why): are the brokers "
                         f"{publisher.sink.target.bootstrap_servers} up?"
                     )

@@ -13,7 +13,7 @@ A stream runs for weeks, and Spark counts a task's failures over the job's whole
 job fails for a reason a restart can cure (a task failed too often: killed Python workers,
 lost executors), the runner submits it again after a backoff, under the same failure-rate
 limit as the local runner (``Tuning.restart``: more than ``max_restarts`` failed jobs
-within ``window_seconds`` stop the run with :class:`~millstream.exceptions.CrashLoopError`).
+within ``interval_seconds`` stop the run with :class:`~millstream.exceptions.CrashLoopError`).
 Errors no restart cures (``map``/``reduce`` raising, configuration errors, cancelling,
 the timeout) end the run at once.
 
@@ -280,21 +280,21 @@ def _failed_tasks(sc: Any, group: str) -> int | None:
 def _failed_again(
     processor: Processor, failures: list[float], error: MillstreamError
 ) -> list[float]:
-    """The failed jobs' times within the restart window, this one included.
+    """The failed jobs' times within the restart interval, this one included.
 
     Raises:
-        CrashLoopError: More failed jobs within the window than ``Tuning.restart`` allows.
+        CrashLoopError: More failed jobs within the interval than ``Tuning.restart`` allows.
     """
     strategy = processor.tuning.restart
     now = time.monotonic()
-    recent = [t for t in failures if now - t < strategy.window_seconds] + [now]
+    recent = [t for t in failures if now - t < strategy.interval_seconds] + [now]
     if len(recent) > strategy.max_restarts:
         raise CrashLoopError(
             f"{error}: the job failed {len(recent)} times within "
-            f"{strategy.window_seconds:g} s, more than the {strategy.max_restarts} "
+            f"{strategy.interval_seconds:g} s, more than the {strategy.max_restarts} "
             "resubmissions the restart strategy allows. Fix the cause and run again (a "
             "restart resumes from the last commit), or allow more with "
-            "Tuning(restart=RestartStrategy(max_restarts=..., window_seconds=...))"
+            "Tuning(restart=RestartStrategy(max_restarts=..., interval_seconds=...))"
         )
     return recent
 

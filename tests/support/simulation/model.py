@@ -142,7 +142,7 @@ class SimQueueReducer(ms.QueueReducer):
 
     def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
         rows = pending.rows
-        if len(pending.ended_mappers) == self.spec.num_partitions:
+        if len(pending.ended_partitions) == self.spec.num_partitions:
             pending.finish_all()
         else:
             salt = len(pending)

@@ -34,7 +34,7 @@ class SummaryFiles(ms.QueueReducer):
     emitted: list[str] = []  # noqa: RUF012 (shared on purpose)
 
     def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
-        everyone = len(pending.ended_mappers) == self.spec.num_partitions
+        everyone = len(pending.ended_partitions) == self.spec.num_partitions
         if everyone:
             pending.finish_all()
         token = uuid.uuid4().hex

@@ -118,10 +118,10 @@ class QueueRound:
         # A rescale's run ends at its cut, not at the processor's end: once every input
         # ended there the rows are handed over; until then no input has ended for process.
         handing_over = (
-            worker.rescaling and len(pending.ended_mappers) == worker.processor.num_partitions
+            worker.rescaling and len(pending.ended_partitions) == worker.processor.num_partitions
         )
         if worker.rescaling and not handing_over:
-            pending.ended_mappers = frozenset()
+            pending.ended_partitions = frozenset()
         step = user.hand_over if handing_over else user.process
 
         def process(txn: StoreTransaction, outputs: StagedOutputs) -> Round | None:
