@@ -333,7 +333,7 @@ def test_a_version_2_store_opens_and_reads_its_runs(tmp_path: Path) -> None:
         assert [txn.get(("n", k)) for k in (1, 2, 3)] == [encode_int64(2)] * 3
     store.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     conn.close()
 
 

@@ -54,17 +54,21 @@ the run), and the store's one write lock queues every other writer behind it.
 INDEXED_KEYS = 16_384
 """Runs of at most this many keys answer point reads from a dictionary of their keys."""
 
-SQL_CREATE_RUNS = (
-    "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-    "ord INTEGER NOT NULL, lo BLOB NOT NULL, hi BLOB NOT NULL, width INTEGER NOT NULL, "
-    "entries INTEGER NOT NULL, data BLOB NOT NULL, generation BLOB)"
+RUNS_COLUMNS = (
+    "id INTEGER PRIMARY KEY AUTOINCREMENT, ord INTEGER NOT NULL, lo BLOB NOT NULL, "
+    "hi BLOB NOT NULL, width INTEGER NOT NULL, entries INTEGER NOT NULL, generation BLOB, "
+    "data BLOB NOT NULL"
 )
-SQL_ADD_RUN_GENERATION = "ALTER TABLE runs ADD COLUMN generation BLOB"
-"""Schema version 4: runs carry a :func:`generation` (NULL: stored before)."""
+"""The runs table's columns, ``data`` last. SQLite reads a row's columns in order, and a
+column stored after a large value is reached only by reading that value's overflow pages:
+with ``generation`` after ``data`` (schema version 4), listing the runs at the start of
+every transaction read every run's data, 46 ms for 30 runs of 2 MB against 0.1 with
+``data`` last."""
+SQL_CREATE_RUNS = f"CREATE TABLE IF NOT EXISTS runs ({RUNS_COLUMNS})"
 SQL_LIST_RUNS = "SELECT id, ord, lo, hi, width, entries, generation FROM runs ORDER BY ord"
 SQL_RUN_DATA = "SELECT data FROM runs WHERE id = ?"
 SQL_INSERT_RUN = (
-    "INSERT INTO runs (ord, lo, hi, width, entries, data, generation) "
+    "INSERT INTO runs (ord, lo, hi, width, entries, generation, data) "
     "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
 SQL_DELETE_RUN = "DELETE FROM runs WHERE id = ?"
@@ -111,6 +115,34 @@ def generation() -> bytes:
 def list_runs(conn: sqlite3.Connection) -> list[RunInfo]:
     """The runs in the connection's current snapshot, oldest first."""
     return [RunInfo(*row) for row in conn.execute(SQL_LIST_RUNS)]
+
+
+def upgrade_runs_table(conn: sqlite3.Connection, keep_generations: bool) -> None:
+    """Give the runs table of an older store today's columns (:data:`RUNS_COLUMNS`), in
+    the caller's write transaction: a table without ``generation``, or with it after
+    ``data``, is copied into a new one, ids and the id sequence kept. Generations are kept
+    where ``keep_generations`` (schema version 4), else NULL (runs stored before there were
+    any). Runs already in today's order only lose their generations, if asked."""
+    conn.execute(SQL_CREATE_RUNS)
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
+    if columns[-1] != "data" or "generation" not in columns:
+        generation = "generation" if keep_generations and "generation" in columns else "NULL"
+        sequence = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'runs'").fetchone()
+        conn.execute(f"CREATE TABLE runs_upgraded ({RUNS_COLUMNS})")
+        conn.execute(
+            "INSERT INTO runs_upgraded (id, ord, lo, hi, width, entries, generation, data) "
+            f"SELECT id, ord, lo, hi, width, entries, {generation}, data FROM runs"
+        )
+        conn.execute("DROP TABLE runs")
+        conn.execute("ALTER TABLE runs_upgraded RENAME TO runs")
+        if sequence is not None:
+            # A dropped table's sequence goes with it; the next id stays above every id
+            # ever given, as AUTOINCREMENT promises.
+            conn.execute(
+                "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'runs'", sequence
+            )
+    elif not keep_generations:
+        conn.execute("UPDATE runs SET generation = NULL")
 
 
 class Run:
@@ -317,6 +349,6 @@ def insert_run(conn: sqlite3.Connection, encoded: EncodedRun, order: int) -> Run
     """Store ``encoded`` at ``order`` among the runs."""
     run = encoded.run
     lo, hi = run.keys[0].as_py(), run.keys[-1].as_py()
-    values = (order, lo, hi, run.width, len(run), encoded.data, encoded.generation)
+    values = (order, lo, hi, run.width, len(run), encoded.generation, encoded.data)
     (run_id,) = conn.execute(SQL_INSERT_RUN, values).fetchone()
     return RunInfo(run_id, order, lo, hi, run.width, len(run), encoded.generation)

@@ -47,10 +47,11 @@ value's pages are read when that value is. Stores created before keep their ``WI
 ROWID`` table, which the same statements read and write.
 """
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """1: the key-value table; 2: and the delta runs (:mod:`millstream.state.sqlite.runs`);
 3: runs stored as one compressed stream (runs of version 2 read as they are); 4: runs carry
-a generation (runs of earlier versions have none)."""
+a generation (runs of earlier versions have none); 5: the runs table's data is its last
+column (:data:`~millstream.state.sqlite.runs.RUNS_COLUMNS` says why)."""
 
 SECURE_DELETE = ("FAST", "ON", "OFF")
 """Values of SQLite's ``secure_delete`` (the first is the store's default): FAST zeroes

@@ -20,8 +20,8 @@ from millstream.state.sqlite.run_cache import RunCache
 from millstream.state.sqlite.run_merge import MergeLock, RunMerger, merge_runs
 from millstream.state.sqlite.runs import (
     DEFAULT_RUN_MIN_KEYS,
-    SQL_ADD_RUN_GENERATION,
     SQL_CREATE_RUNS,
+    upgrade_runs_table,
 )
 from millstream.state.sqlite.sql import (
     APPLICATION_ID,
@@ -180,16 +180,13 @@ class SqliteStore(Store):
                 conn.execute("COMMIT")
             else:
                 version = query("PRAGMA user_version")[0][0]
-                if version in (1, 2, 3) and "kv" in tables:
+                if version in (1, 2, 3, 4) and "kv" in tables:
                     # Version 1 had no delta runs: the same store with an empty runs table.
-                    # Runs of versions 2 and 3 decode as they are, without a generation; from
-                    # now on, a version that cannot read today's runs refuses the store.
+                    # Runs of versions 2 to 4 decode as they are (without a generation before
+                    # 4), in a table with today's columns; from now on, a version that
+                    # cannot read today's runs refuses the store.
                     begin_transaction(conn, ("BEGIN IMMEDIATE",), self._busy_timeout_ms)
-                    conn.execute(SQL_CREATE_RUNS)
-                    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
-                    if "generation" not in columns:
-                        conn.execute(SQL_ADD_RUN_GENERATION)
-                    conn.execute("UPDATE runs SET generation = NULL")
+                    upgrade_runs_table(conn, keep_generations=version == 4)
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                     conn.execute("COMMIT")
                     version = SCHEMA_VERSION
