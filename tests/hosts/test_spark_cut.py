@@ -27,4 +27,4 @@ def test_a_worker_host_cut_from_the_driver_is_replaced_and_the_sums_stay_exact(
     assert result.relaunched
     assert all(host != result.cut_host for _, host, _ in result.relaunched)
     assert result.restarts >= len(result.relaunched)
-    assert result.spark.get("task lost with its executor", 0) >= len(result.relaunched)
+    assert result.spark.get("driver lost an executor", 0) >= 1

@@ -14,9 +14,11 @@ Cuts (each held for a while, then healed):
 Not planned here: a worker cut from the Spark driver. The local runner's workers talk to it
 over pipes, not the network; that cut runs on a Spark standalone cluster across hosts
 (:mod:`tests.support.hosts.spark_cut`, ``tests/hosts/test_spark_cut.py``, and the soak's
-``--jobs spark``), too heavy to carry in every seed here within CI's time. A cut *lands* when it is in place (links
-down as the hosts' own devices report it, the process stopped as ``/proc`` reports it, the
-process gone) while the job still runs; :meth:`Nemesis.check` fails on a planned cut that did not.
+``--jobs spark``), too heavy to carry in every seed here within CI's time.
+
+A cut *lands* when it is in place (links down as the hosts' own devices report it, the
+process stopped as ``/proc`` reports it, the process gone) while the job still runs;
+:meth:`Nemesis.check` fails on a planned cut that did not.
 """
 
 from __future__ import annotations

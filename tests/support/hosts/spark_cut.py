@@ -50,6 +50,7 @@ MAP_SECONDS = 0.5
 """A mapper's pause per batch of 1,000 rows until the heal: 4,000 rows a second."""
 
 SPARK_EVENTS = {
+    "driver lost an executor": re.compile(r"Lost executor \d+ on"),
     "driver dropped an executor without heartbeats": re.compile(r"with no recent heartbeats"),
     "task lost with its executor": re.compile(r"Lost task .*ExecutorLostFailure"),
     "master dropped a worker without heartbeats": re.compile(
@@ -60,7 +61,11 @@ SPARK_EVENTS = {
     "worker registered with the master": re.compile(r"Successfully registered with master"),
 }
 """What Spark did, by the lines of the driver's, the master's and the workers' logs that
-say it."""
+say it. The driver loses the cut host's executor either way, by whichever of two timeouts
+fires first: its own (no heartbeats for ``spark.network.timeout``: the tasks are lost
+"caused by one of the running tasks", which counts against ``spark.task.maxFailures``) or
+the master's (no worker heartbeats for ``spark.worker.timeout``: "worker lost", not
+counted)."""
 
 
 @dataclass
