@@ -49,6 +49,7 @@ from tests.support.spark_jobs import (
 from tests.support.spark_standalone import (
     MASTER_HOST,
     StandaloneCluster,
+    executor_address,
     require_spark,
     spark_submit,
 )
@@ -101,14 +102,6 @@ def cluster_spark(cluster: StandaloneCluster) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
-
-
-def executor_address(pid: int) -> str:
-    """The ``SPARK_LOCAL_IP`` of a worker process's executor (its environment)."""
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    found = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SPARK_LOCAL_IP=")]
-    assert found, f"process {pid} has no SPARK_LOCAL_IP"
-    return found[0]
 
 
 def check_mapper_addresses(mappers: list[WorkerInfo]) -> None:

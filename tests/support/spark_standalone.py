@@ -59,6 +59,14 @@ def free_port(host: str = MASTER_HOST) -> int:
         return int(s.getsockname()[1])
 
 
+def executor_address(pid: int) -> str:
+    """The ``SPARK_LOCAL_IP`` of a worker process's executor (its environment)."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    found = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SPARK_LOCAL_IP=")]
+    assert found, f"process {pid} has no SPARK_LOCAL_IP"
+    return found[0]
+
+
 def spark_home() -> Path:
     import pyspark
 
@@ -93,11 +101,16 @@ class StandaloneCluster:
     Attributes:
         root: Logs and work directories.
         cores: Cores each worker offers.
+        master_host: The address the master listens on.
+        daemon_options: Java options of the master and the workers
+            (``SPARK_DAEMON_JAVA_OPTS``), e.g. ``-Dspark.worker.timeout=5``.
     """
 
     root: Path
     cores: int = 2
     memory: str = "1g"
+    master_host: str = MASTER_HOST
+    daemon_options: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
     master: Process | None = None
@@ -106,7 +119,7 @@ class StandaloneCluster:
 
     @property
     def url(self) -> str:
-        return f"spark://{MASTER_HOST}:{self.port}"
+        return f"spark://{self.master_host}:{self.port}"
 
     def _environ(self, host: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -117,15 +130,20 @@ class StandaloneCluster:
             PYSPARK_PYTHON=sys.executable,
             SPARK_LOG_DIR=str(self.root / "logs"),
             SPARK_NO_DAEMONIZE="1",
+            SPARK_DAEMON_JAVA_OPTS=" ".join(self.daemon_options),
         )
         return env
+
+    def launch(self, host: str, argv: list[str]) -> list[str]:
+        """``argv`` run on ``host`` (here: this machine's own network)."""
+        return argv
 
     def _spawn(self, name: str, host: str, *args: str) -> Process:
         log = self.root / f"{name}-{len(self._started)}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [str(spark_home() / "bin" / "spark-class"), *args],
+                self.launch(host, [str(spark_home() / "bin" / "spark-class"), *args]),
                 env=self._environ(host),
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -142,10 +160,10 @@ class StandaloneCluster:
             check_bindable(host)
         self.master = self._spawn(
             "master",
-            MASTER_HOST,
+            self.master_host,
             "org.apache.spark.deploy.master.Master",
             "--host",
-            MASTER_HOST,
+            self.master_host,
             "--port",
             str(self.port),
             "--webui-port",
@@ -185,7 +203,7 @@ class StandaloneCluster:
 
     def state(self) -> dict[str, Any]:
         """The master's JSON status page."""
-        url = f"http://{MASTER_HOST}:{self.ui_port}/json/"
+        url = f"http://{self.master_host}:{self.ui_port}/json/"
         with urllib.request.urlopen(url, timeout=5) as response:
             return dict(json.load(response))
 
