@@ -75,6 +75,8 @@ class ProcessIO:
     last_sample: int = -1
     gone_sample: int = -1
     reaped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    cpu_ticks: int = 0
+    """``utime + stime`` at the last sample (clock ticks; children not included)."""
     history: list[tuple[int, tuple[int, int, int, int]]] = field(default_factory=list)
     """(sample number, raw counters) at every sample: how much a parent grew, and when."""
 
@@ -169,6 +171,13 @@ class IOReport:
         """``wchar`` of the tree (reference only)."""
         return sum(p.wchar_delta for p in self.processes)
 
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) of the tree: each process's last sampled reading, so
+        a process's last interval and processes that lived less than one are missed. On a
+        shared machine it moves far less than wall time does."""
+        return sum(p.cpu_ticks for p in self.processes) / os.sysconf("SC_CLK_TCK")
+
     def group(self, classify: Callable[[ProcessIO], str]) -> dict[str, dict[str, int]]:
         """Totals per class of process, e.g. ``{"jvm": {"write_bytes": ...}}``."""
         groups: dict[str, dict[str, int]] = {}
@@ -183,8 +192,8 @@ class IOReport:
         return groups
 
 
-def _read_stat(pid: int) -> tuple[int, int, str] | None:
-    """``(ppid, start time, comm)`` of a process, or None if it is gone."""
+def _read_stat(pid: int) -> tuple[int, int, str, int] | None:
+    """``(ppid, start time, comm, utime + stime)`` of a process, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -193,7 +202,7 @@ def _read_stat(pid: int) -> tuple[int, int, str] | None:
     close = data.rfind(b")")
     comm = data[data.find(b"(") + 1 : close].decode(errors="replace")
     fields = data[close + 2 :].split()
-    return int(fields[1]), int(fields[19]), comm
+    return int(fields[1]), int(fields[19]), comm, int(fields[11]) + int(fields[12])
 
 
 def _read_kv(path: str) -> dict[str, int]:
@@ -290,7 +299,7 @@ class ProcessTreeMeter:
             self._sample_locked()
 
     def _sample_locked(self) -> None:
-        stats: dict[int, tuple[int, int, str]] = {}
+        stats: dict[int, tuple[int, int, str, int]] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 st = _read_stat(int(entry))
@@ -303,7 +312,7 @@ class ProcessTreeMeter:
         changed = True
         while changed:
             changed = False
-            for pid, (ppid, _, _) in stats.items():
+            for pid, (ppid, *_) in stats.items():
                 if ppid in tracked_pids and pid not in tracked_pids:
                     tracked_pids.add(pid)
                     changed = True
@@ -335,7 +344,7 @@ class ProcessTreeMeter:
                     proc.baseline = counters
                 self._tracked[ident] = proc
             (proc.write_bytes, proc.cancelled_write_bytes, proc.wchar, proc.read_bytes) = counters
-            proc.ppid, proc.last_sample = st[0], self._samples
+            proc.ppid, proc.last_sample, proc.cpu_ticks = st[0], self._samples, st[3]
             proc.history.append((self._samples, counters))
             proc.rss_bytes = status.get("VmRSS", 0)
             proc.hwm_bytes = max(proc.hwm_bytes, status.get("VmHWM", 0))

@@ -157,7 +157,8 @@ def run_cell(cell: Cell, workload: Workload, args: argparse.Namespace) -> RunRes
     result.save(path)
     written = result.per_input_byte("total")
     log(
-        f"{cell.name}: {result.wall_seconds:.2f} s, {len(result.batches)} commits, "
+        f"{cell.name}: {result.wall_seconds:.2f} s, {result.cpu_seconds:.2f} CPU s, "
+        f"{len(result.batches)} commits, "
         f"{written:.4f} bytes written per input byte, "
         f"{'exact' if result.verified['ok'] else 'WRONG: ' + str(result.verified['summary'])}"
     )

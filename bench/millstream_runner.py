@@ -410,6 +410,7 @@ def measure(
         written=written,
         peak_rss_bytes=report.peak_rss_bytes,
         peak_pss_bytes=report.peak_pss_bytes,
+        cpu_seconds=report.cpu_seconds,
         verified={"ok": verification.ok, "summary": verification.summary()},
         settings=settings,
         load=[load_before, load_after],

@@ -48,6 +48,8 @@ class RunResult:
         verified: Summary of the key-by-key comparison; ``ok`` says whether it matched.
         settings: The configuration that was measured.
         load: ``/proc/loadavg`` before and after the run (was the machine shared?).
+        cpu_seconds: CPU time of the whole process tree (``IOReport.cpu_seconds``); 0 in
+            results saved before it was measured.
     """
 
     system: str
@@ -63,6 +65,7 @@ class RunResult:
     verified: dict[str, Any]
     settings: dict[str, Any] = field(default_factory=dict)
     load: list[str] = field(default_factory=list)
+    cpu_seconds: float = 0.0
 
     @property
     def end(self) -> float:
@@ -123,6 +126,7 @@ class RunResult:
             "written_per_input_byte": {k: self.per_input_byte(k) for k in self.written},
             "peak_rss_mb": self.peak_rss_bytes / MB,
             "peak_pss_mb": self.peak_pss_bytes / MB,
+            "cpu_s": self.cpu_seconds,
         }
 
     def to_json(self) -> dict[str, Any]:

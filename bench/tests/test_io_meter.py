@@ -114,3 +114,27 @@ def test_a_child_its_parent_never_reaped_is_not_taken_off() -> None:
     parent = _proc(1, 0, [0, 1 * MB, 1 * MB, 1 * MB])
     _subtract_reaped([parent, child])
     assert (parent.written, child.written) == (1 * MB, 5 * MB)
+
+
+SPINNER = """
+import os, sys, time
+def spin(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    time.sleep(0.3)  # outlive a few samples so the tree walk sees the last reading
+pid = os.fork()
+if pid == 0:
+    spin(0.5)
+    os._exit(0)
+spin(0.5)
+os.waitpid(pid, 0)
+"""
+
+
+def test_cpu_seconds_count_every_process_of_the_tree() -> None:
+    """Two processes each spend 0.5 s of CPU: the tree's CPU time holds both (a sampler
+    misses at most one interval of each), not the parent's alone."""
+    code, report = run_subprocess([sys.executable, "-c", SPINNER], interval=0.05)
+    assert code == 0
+    assert 0.9 <= report.cpu_seconds <= 1.5
