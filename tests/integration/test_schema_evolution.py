@@ -77,7 +77,7 @@ def _draw_partitions(data: Any, *, dictionaries: bool) -> list[list[Step]]:
     return partitions
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_parquet_log_schema_sequences(tmp_path_factory: pytest.TempPathFactory, data: Any) -> None:
     partitions = _draw_partitions(data, dictionaries=True)
@@ -106,7 +106,7 @@ def test_parquet_log_schema_sequences(tmp_path_factory: pytest.TempPathFactory, 
     assert committed.isdisjoint(key for s in partitions[p][k:] for key in s.keys)
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_store_queue_schema_sequences(tmp_path_factory: pytest.TempPathFactory, data: Any) -> None:
     partitions = _draw_partitions(data, dictionaries=False)
