@@ -9,7 +9,8 @@ Records (layout in :mod:`millstream.inputs.store_queue`):
 - ``(p, "schema")``: the partition's schema, metadata included; with the schema
   records of :mod:`millstream.inputs.queue_schemas` (``schema_from``, ``schemas``,
   ``unified``) when appends evolve it: every read returns rows in the schema they were
-  appended in, before and after trims (:func:`test_evolving_appends_read_back_in_their_own_schemas`);
+  appended in, before and after trims
+  (:func:`test_evolving_appends_read_back_in_their_own_schemas`);
 - ``(p, "end")``, ``(p, "first")``, ``(p, "sealed")``: the partition's bounds;
 - ``(p, "producer", id)``: a producer's last sequence, read back as
   :meth:`~millstream.inputs.QueueProducer.last_sequence` by a producer started anew, for

@@ -206,9 +206,8 @@ def test_window_schema_reads_back(
     """Names, types (nested and dictionary ones too), nullability and metadata; absent
     until written."""
     schema = pa.schema([pa.field(n, t, nullable) for n, t, nullable in fields], metadata=metadata)
-    with _stores() as reopen:
-        with reopen().read() as txn:
-            assert read_window_schema(txn, mapper) is None
+    with _stores() as reopen, reopen().read() as txn:
+        assert read_window_schema(txn, mapper) is None
     got = _round_trip(
         lambda t: write_window_schema(t, mapper, schema), lambda t: read_window_schema(t, mapper)
     )
