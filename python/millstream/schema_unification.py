@@ -23,7 +23,8 @@ carried in, so that every input and every worker applies the same rule.
 
 **Unsafe changes** raise :class:`~millstream.exceptions.SchemaEvolutionError` naming the
 column and both types: a type narrowed, a non-null column added, a type changed to one
-that does not hold the old values (``int64`` to ``string``, ``int32`` to ``uint32``).
+that does not hold the old values (``int64`` to ``string``, ``int32`` to ``uint32``), and
+a schema that shares no column with the rows before it (another stream's rows).
 
 Two operations, one per situation:
 
@@ -165,11 +166,20 @@ def evolve(unified: pa.Schema, new: pa.Schema) -> pa.Schema:
 
     Raises:
         SchemaEvolutionError: A column of ``new`` narrows or changes its type, or is a
-            column ``unified`` lacks that is not nullable.
+            column ``unified`` lacks that is not nullable, or ``new`` shares no column
+            with ``unified``.
     """
     if unified.equals(new):
         return unified
     before = _by_name(unified)
+    if len(new) and len(unified) and not before.keys() & set(new.names):
+        raise SchemaEvolutionError(
+            new.names[0],
+            "(absent)",
+            _describe(new.field(0)),
+            f"the schema shares no column with the earlier rows' ({', '.join(unified.names)}): "
+            "rows of another stream, not a change of this one",
+        )
     for field in new:
         old = before.get(field.name)
         if old is None:

@@ -164,8 +164,13 @@ def test_safe_changes_unify_in_the_first_order() -> None:
             "column 'w' changed from (absent) to int8 not null",
         ),
         (pa.schema([("v", pa.int32())]), pa.schema([("v", pa.uint32())]), "int32 to uint32"),
+        (
+            pa.schema([("v", pa.int32())]),
+            pa.schema([("w", pa.int32())]),
+            "shares no column with the earlier rows' (v)",
+        ),
     ],
-    ids=["narrowed", "incompatible", "non-null added", "sign changed"],
+    ids=["narrowed", "incompatible", "non-null added", "sign changed", "another stream"],
 )
 def test_unsafe_changes_name_the_column_and_both_types(
     before: pa.Schema, after: pa.Schema, message: str
