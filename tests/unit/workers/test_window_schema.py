@@ -3,14 +3,16 @@ recorded, rows that fit are cast in, and a new instance starts from the record."
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import millstream as ms
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from millstream.exceptions import UserCodeError
+from millstream.exceptions import SplitBrainError, UserCodeError
 from millstream.ledger import read_window_schema
+from millstream.workers import MapperWorker
 
 from tests.support.worker_fixtures import BATCH_ROWS, Cluster, expected_counts, tables
 
@@ -59,6 +61,28 @@ def test_a_widening_restarts_ingestion_with_the_schema_recorded(tmp_path: Path) 
     assert c.mappers[0].window_schema.equals(wide)
     c.run_to_end()
     assert c.output() == expected_counts(c.tables)
+    c.store.close()
+
+
+def test_at_least_once_a_widening_ends_the_instance_and_the_next_one_carries_it(
+    tmp_path: Path,
+) -> None:
+    """At least once a restarted instance renumbers its rows, so rows the old window
+    served must not be committed under its GUID: the instance ends (as on a split brain)
+    and a new one (a new GUID) starts from the recorded schema."""
+    c = Cluster(tmp_path, _tables(), mapper=WidensLater)
+    processor = dataclasses.replace(c.processor, delivery="at_least_once")
+    mapper = MapperWorker(processor, 0, c.store, clock=c.clock)
+    mapper.start_ingestion()
+    for _ in range(3):
+        assert mapper.ingest_once()
+    with pytest.raises(SplitBrainError, match="widened their schema at input row 300"):
+        mapper.ingest_once()
+    successor = MapperWorker(processor, 0, c.store, clock=c.clock)
+    successor.start_ingestion()
+    assert successor.ingest_once()
+    assert successor.window_schema is not None
+    assert successor.window_schema.names == ["key", "w", "note"]
     c.store.close()
 
 

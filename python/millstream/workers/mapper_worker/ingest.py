@@ -249,7 +249,7 @@ class Ingestion(MapperInstance):
                 txn, self.index, unified if stored is None else unify(stored, unified)
             )
 
-        self.store.transact(record)
+        self.store.transact(record, idempotent=True)  # unifying again changes nothing
         if self.processor.at_least_once:
             raise SplitBrainError(
                 f"mapper {self.index}: its mapped rows widened their schema at input row "
