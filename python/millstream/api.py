@@ -77,7 +77,9 @@ class Partitioned:
     """Mapped rows, each tagged with the reducer it goes to.
 
     Attributes:
-        batch: The mapped rows; any schema, but the same schema for every batch of a mapper.
+        batch: The mapped rows; any schema, which may change from batch to batch by the
+            safe changes of :mod:`millstream.schema_unification` (the window carries
+            their unified schema).
         reducer_indices: One reducer index per row (int32), in ``[0, num_reducers)``.
     """
 
@@ -268,7 +270,8 @@ class Transaction:
         Args:
             queue: A :class:`~millstream.inputs.StoreQueue` of the processor's ``outputs``, or
                 its name.
-            rows: The rows; every append to a queue partition has the same schema.
+            rows: The rows; appends to a queue partition may change its schema only by
+                the safe changes of :mod:`millstream.schema_unification`.
             partition: The queue partition; default: the reducer's index modulo the queue's
                 partitions. Reducers appending to one partition conflict with each other's
                 commits (they retry, but slower): give the queue one partition per reducer.

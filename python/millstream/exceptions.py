@@ -106,6 +106,30 @@ class InputError(MillstreamError):
     """An input partition is unreadable: a corrupt file, a schema change, a missing row."""
 
 
+class SchemaEvolutionError(MillstreamError):
+    """A schema change that is not safe (:mod:`millstream.schema_unification`): a type
+    narrowed or changed, a non-null column added. Inputs raise it as an
+    :class:`InputError`, a mapper's changing output as a :class:`UserCodeError`, each
+    saying where; this one says which column and how.
+
+    Attributes:
+        column: The column's name.
+        before: Its type before (or in one of two schemas).
+        after: Its type after (or in the other).
+        reason: Why the change is refused.
+    """
+
+    def __init__(self, column: str, before: str, after: str, reason: str) -> None:
+        super().__init__(f"column {column!r} changed from {before} to {after}: {reason}")
+        self.column = column
+        self.before = before
+        self.after = after
+        self.reason = reason
+
+    def __reduce__(self) -> "tuple[type[SchemaEvolutionError], tuple[str, str, str, str]]":
+        return (type(self), (self.column, self.before, self.after, self.reason))
+
+
 class DuplicateSequenceError(InputError):
     """A queue producer repeated a sequence number older than its last one: appended before.
 
@@ -141,6 +165,7 @@ __all__ = [
     "MemoryLimitError",
     "MillstreamError",
     "RetryableStoreError",
+    "SchemaEvolutionError",
     "SchemaMismatchError",
     "SplitBrainError",
     "StaleMapperError",

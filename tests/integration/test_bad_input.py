@@ -65,11 +65,12 @@ def test_schema_change_inside_partition(tmp_path: Path) -> None:
     good = tmp_path / "good.parquet"
     shutil.copy(changed, good)
     table = pq.read_table(changed)
-    pq.write_table(table.set_column(1, "value", table["value"].cast(pa.float64())), changed)
+    pq.write_table(table.set_column(1, "value", table["value"].cast(pa.string())), changed)
     processor = keyed_processor(data, tmp_path / "state.db")
     message = _fails(processor, InputError)
     assert "schema change inside partition" in message
     assert str(changed) in message
+    assert "column 'value' changed from int64 to string" in message
     shutil.copy(good, changed)
     _exact_after_rerun(processor, data)
 

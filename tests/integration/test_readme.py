@@ -31,7 +31,11 @@ def run_shell_line(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     argv = shlex.split(line, comments=True)
     if argv and argv[0] == "python":
         argv[0] = sys.executable
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The caller's path after the repository root: a checkout's own package runs there.
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     return subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
     )

@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from millstream.exceptions import ConfigurationError, InputError
+from millstream.exceptions import ConfigurationError, InputError, SchemaEvolutionError
 from millstream.inputs.base import ReadResult
+from millstream.schema_unification import evolve
 
 SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
 _TOKEN = struct.Struct("<qq")
@@ -48,7 +49,10 @@ class ParquetLog:
     Args:
         path: The root directory. Each subdirectory is a partition (sorted by name); each
             holds ``.parquet`` or Arrow IPC (``.arrow``/``.feather``/``.ipc``) files read in
-            sorted name order. All files of a partition must share one schema.
+            sorted name order. A partition's schema may change from file to file by the
+            safe changes of :mod:`millstream.schema_unification` (``map`` sees each batch
+            as written, one schema per batch); an unsafe change stops the run with an
+            :class:`~millstream.exceptions.InputError` naming the file and the column.
         columns: Read only these columns (the mapper sees nothing else). Skipping columns
             the mapper does not use saves most of the decoding.
     """
@@ -180,7 +184,8 @@ class ParquetLogReader:
         self._dir = directory
         self._files = sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES)
         self._columns = list(columns) if columns is not None else None
-        self._schema: pa.Schema | None = None
+        self._unified: list[pa.Schema] = []
+        """Per file, in order so far, the unified schema of the files up to it."""
         self._file: _File | None = None
         self._file_index = -1
         self._group: tuple[int, pa.Table] | None = None
@@ -195,24 +200,45 @@ class ParquetLogReader:
     def _open(self, file_index: int) -> _File:
         if self._file is not None and self._file_index == file_index:
             return self._file
-        if self._schema is None and file_index > 0:
-            first = self._open_checked(0)
-            self._schema = first.schema
-            first.close()
         opened = self._open_checked(file_index)
-        if self._schema is None:
-            self._schema = opened.schema
-        elif not opened.schema.equals(self._schema):
+        try:
+            self._check_schema(file_index, opened)
+        except InputError:
             opened.close()
-            raise InputError(
-                f"schema change inside partition {self._dir}: {opened.path} has schema "
-                f"({_describe(opened.schema)}) but earlier files have "
-                f"({_describe(self._schema)}). All files of a "
-                "partition must share one schema; rewrite the file or start a new processor"
-            )
+            raise
         self._forget()
         self._file, self._file_index = opened, file_index
         return opened
+
+    def _check_schema(self, file_index: int, file: _File) -> None:
+        """Check that the file's schema is a safe change of the files before it, and
+        record the unified schema through it (the first time it is seen)."""
+        if file_index == 0:
+            unified = file.schema
+        else:
+            before = self._unified_through(file_index - 1)
+            try:
+                unified = evolve(before, file.schema)
+            except SchemaEvolutionError as exc:
+                raise InputError(
+                    f"schema change inside partition {self._dir}: {file.path} "
+                    f"({_describe(file.schema)}) is not a safe change of the files before it "
+                    f"({_describe(before)}): {exc}. Rewrite the file with a safe change (see "
+                    "millstream.schema_unification) and restart the processor"
+                ) from exc
+        if len(self._unified) == file_index:
+            self._unified.append(unified)
+
+    def _unified_through(self, file_index: int) -> pa.Schema:
+        """The unified schema of the partition's files up to ``file_index``."""
+        while len(self._unified) <= file_index:
+            at = len(self._unified)
+            file = self._open_checked(at)
+            try:
+                self._check_schema(at, file)
+            finally:
+                file.close()
+        return self._unified[file_index]
 
     def _open_checked(self, file_index: int) -> _File:
         path = self._files[file_index]
@@ -241,6 +267,8 @@ class ParquetLogReader:
         got = 0
         while got < want and file_index < len(self._files):
             file = self._open(file_index)
+            if pieces and not pieces[0].schema.equals(file.schema):
+                break  # a batch holds rows of one schema: as written
             if offset >= file.num_rows:
                 file_index, offset = file_index + 1, 0
                 continue

@@ -3,12 +3,14 @@
 Producers :meth:`~StoreQueue.append` Arrow record batches to a partition; a mapper reads its
 partition by absolute row index through :meth:`~StoreQueue.reader` and trims what its
 reducers have committed. Rows are stored as Arrow IPC record-batch messages in chunks,
-each split over values of at most 100 kB, with the partition's schema stored once.
+each split over values of at most 100 kB, with the partition's schema stored once per
+change: appends may evolve it by safe changes (:mod:`.queue_schemas`).
 
 Layout under ``QUEUES + (name,)``:
 
 - ``("meta",)``: the number of partitions.
-- ``(p, "schema")``: the partition's Arrow schema (IPC).
+- ``(p, "schema")``: the partition's latest Arrow schema (IPC); earlier ones and the
+  unified schema are :mod:`.queue_schemas`' records.
 - ``(p, "end")``, ``(p, "first")``: end row index and first untrimmed row index.
 - ``(p, "sealed")``: present once :meth:`~StoreQueue.close_partition` was called.
 - ``(p, "rows", begin, end, part)``: part ``part`` of the chunk holding rows
@@ -35,6 +37,7 @@ from millstream.exceptions import (
 from millstream.inputs import queue_producer as producers
 from millstream.inputs.base import ReadResult
 from millstream.inputs.queue_producer import QueueProducer
+from millstream.inputs.queue_schemas import QueueSchemas
 from millstream.inputs.storable import check_storable
 from millstream.inputs.store_queue_reader import StoreQueueReader
 from millstream.ledger import QUEUES
@@ -53,7 +56,7 @@ TRANSACTION_BYTES = 4_000_000
 """Bytes of rows appended or read per transaction (well below the 10 MB limit)."""
 
 
-_READ_RECORDS = ("first", "end", "sealed", "schema")
+_READ_RECORDS = ("first", "end", "sealed", "schema", "schema_from")
 """A partition's records a read needs, read together."""
 
 
@@ -163,8 +166,10 @@ class StoreQueue:
             last piece's end).
 
         Raises:
-            InputError: The schema differs from the partition's, the partition is sealed,
-                or a column is dictionary-encoded (:func:`check_storable`).
+            InputError: The schema is not a safe change of the partition's (naming the
+                append, the column and both types; nothing of the batch is appended),
+                the partition is sealed, or a column is dictionary-encoded
+                (:func:`check_storable`).
         """
         local = self._anonymous
         if not hasattr(local, "producer_id"):
@@ -281,7 +286,8 @@ class StoreQueue:
             if admitted.retry is not None:
                 return admitted.retry  # appended before: this is a retry
             first_begin, complete = admitted.first_begin, admitted.complete
-        begin, row = self._write_rows(txn, partition, schema_ipc, chunks)
+        appender = f"append of producer {producer_id!r} sequence {sequence}"
+        begin, row = self._write_rows(txn, partition, schema_ipc, chunks, appender)
         first = begin if first_begin is None else first_begin
         if piece == pieces - 1:
             complete = sequence
@@ -303,15 +309,21 @@ class StoreQueue:
             ``(begin_row_index, end_row_index)`` of the appended rows.
 
         Raises:
-            InputError: The schema differs from the partition's, the partition is sealed,
-                or a column is dictionary-encoded (:func:`check_storable`).
+            InputError: The schema is not a safe change of the partition's, the partition
+                is sealed, or a column is dictionary-encoded (:func:`check_storable`).
         """
         self._key(partition)
         check_storable(batch.schema, self._name)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         chunks = [chunk for whole in batches for chunk in self._chunks(whole)]
         schema_ipc = batch.schema.serialize().to_pybytes()
-        return self._write_rows(txn, partition, schema_ipc, chunks)
+        return self._write_rows(txn, partition, schema_ipc, chunks, "append in a transaction")
+
+    def _schemas_of(self, partition: int) -> QueueSchemas:
+        return QueueSchemas(
+            lambda *rest: self._key(partition, *rest),
+            f"queue {self._name!r} partition {partition}",
+        )
 
     def _write_rows(
         self,
@@ -319,22 +331,17 @@ class StoreQueue:
         partition: int,
         schema_ipc: bytes,
         chunks: list[tuple[int, bytes]],
+        appender: str,
     ) -> tuple[int, int]:
         """Check the partition's seal and schema, then store ``chunks`` at its end."""
         if txn.get(self._key(partition, "sealed")) is not None:
             raise InputError(f"queue {self._name!r} partition {partition} is sealed")
         stored_schema = txn.get(self._key(partition, "schema"))
+        begin = _decode_index(txn.get(self._key(partition, "end")))
         if stored_schema is None:
             txn.set(self._key(partition, "schema"), schema_ipc)
         elif stored_schema != schema_ipc:
-            expected = pa.ipc.read_schema(pa.py_buffer(stored_schema))
-            got = pa.ipc.read_schema(pa.py_buffer(schema_ipc))
-            raise InputError(
-                f"queue {self._name!r} partition {partition} holds rows with schema\n"
-                f"{expected}\nbut the appended batch has schema\n{got}\n"
-                "Append batches with the same schema (cast them first)."
-            )
-        begin = _decode_index(txn.get(self._key(partition, "end")))
+            self._schemas_of(partition).change(txn, stored_schema, schema_ipc, begin, appender)
         row = begin
         for count, payload in chunks:
             for part, offset in enumerate(range(0, len(payload), PART_BYTES)):
@@ -393,7 +400,7 @@ class StoreQueue:
         )
 
     def _schema(self, partition: int, raw: bytes) -> pa.Schema:
-        """The partition's schema, parsed once (a partition's schema never changes)."""
+        """A stored schema of the partition, parsed once while it is the one read."""
         known = self._schemas.get(partition)
         if known is None or known[0] != raw:
             known = (raw, pa.ipc.read_schema(pa.py_buffer(raw)))
@@ -427,7 +434,7 @@ class StoreQueue:
         )
 
     def _read(self, txn: StoreTransaction, partition: int, begin: int, max_rows: int) -> ReadResult:
-        raw_first, raw_end, sealed_raw, schema_raw = txn.get_many(
+        raw_first, raw_end, sealed_raw, schema_raw, raw_from = txn.get_many(
             self._key(partition), _READ_RECORDS, snapshot=True
         )
         first = _decode_index(raw_first)
@@ -443,6 +450,10 @@ class StoreQueue:
             return ReadResult(None, token, end_of_input=sealed and begin >= end)
         stop = min(end, begin + max_rows)
         assert schema_raw is not None
+        if raw_from is not None and begin < decode_int64(raw_from):
+            # Rows of an earlier schema: read up to where it changes.
+            stop = min(stop, decode_int64(raw_from))
+            schema_raw, stop = self._schemas_of(partition).span(txn, begin, stop)
         schema = self._schema(partition, schema_raw)
         limit = TRANSACTION_BYTES // PART_BYTES + 1
 
@@ -522,6 +533,7 @@ class StoreQueue:
             chunk = self._chunk_at(txn, partition, target)
             below = chunk[0] if chunk is not None else target
             txn.clear_range(self._key(partition, "rows"), self._key(partition, "rows", below))
+            self._schemas_of(partition).trim(txn, below)
             txn.set(self._key(partition, "first"), encode_int64(target))
 
         # Idempotent: after it landed, the first row is at or past row_index.

@@ -1,9 +1,11 @@
-"""A mapper's records: its persisted state, batch plans, numbering owner, drained marker
-and totals (thesis 4.3.2)."""
+"""A mapper's records: its persisted state, batch plans, numbering owner, window schema,
+drained marker and totals (thesis 4.3.2)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import pyarrow as pa
 
 from millstream.ledger.subspaces import SYSTEM, bad_record
 from millstream.state.keys import pack, unpack
@@ -111,3 +113,26 @@ def write_numbering(txn: StoreTransaction, mapper_index: int, mapper_guid: str) 
 def mapped_key(mapper_index: int, what: str) -> tuple[str, str, int, str]:
     """Counter key of a mapper's totals (``batches``: map calls whose rows were persisted)."""
     return (*SYSTEM, "mapped", mapper_index, what)
+
+
+def window_schema_key(mapper_index: int) -> tuple[str, str, int]:
+    """Key of the unified schema of a mapper's mapped rows, once they changed schema."""
+    return (*SYSTEM, "window_schema", mapper_index)
+
+
+def read_window_schema(txn: StoreTransaction, mapper_index: int) -> pa.Schema | None:
+    """The schema mapper ``mapper_index``'s window carries (None: its mapped rows never
+    widened, the first batch's schema is the window's)."""
+    raw = txn.get(window_schema_key(mapper_index))
+    if raw is None:
+        return None
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(raw))
+    except Exception as exc:
+        raise bad_record(f"window schema of mapper {mapper_index}", raw, exc) from exc
+
+
+def write_window_schema(txn: StoreTransaction, mapper_index: int, schema: pa.Schema) -> None:
+    """Record the schema mapper ``mapper_index``'s window carries from now on (it only
+    widens: :func:`millstream.schema_unification.unify` with the one before)."""
+    txn.set(window_schema_key(mapper_index), schema.serialize().to_pybytes())

@@ -59,18 +59,35 @@ def test_columns_are_projected(tmp_path: Path) -> None:
         ms.inputs.ParquetLog(str(tmp_path), columns=("z",)).reader(0).read(0, 10, b"")
 
 
-def test_schema_change_is_found_after_a_restart_too(tmp_path: Path) -> None:
+def test_unsafe_schema_change_is_found_after_a_restart_too(tmp_path: Path) -> None:
     part, _ = _mixed_partition(tmp_path)
-    pq.write_table(_rows(373, 5).drop_columns(["pad"]), part / "d.parquet")
+    narrowed = _rows(373, 5).set_column(0, "x", pa.array(range(373, 378), pa.int32()))
+    pq.write_table(narrowed, part / "d.parquet")
     reader = ParquetLogReader(part)
     resumed = reader.read(0, 373, b"")  # up to the end of c.parquet
     assert resumed.batch is not None
     assert resumed.batch.num_rows == 373
-    with pytest.raises(InputError, match=r"schema change inside partition .*d\.parquet"):
+    unsafe = r"schema change inside partition .*d\.parquet.*column 'x' changed from int64 to int32"
+    with pytest.raises(InputError, match=unsafe):
         reader.read(373, 400, resumed.continuation_token)
-    # A restarted mapper resuming at d.parquet compares it against the partition's first file.
-    with pytest.raises(InputError, match=r"schema change inside partition .*d\.parquet"):
+    # A restarted mapper resuming at d.parquet checks it against the files before it.
+    with pytest.raises(InputError, match=unsafe):
         ParquetLogReader(part).read(373, 400, resumed.continuation_token)
+
+
+def test_a_read_stops_where_the_schema_changes(tmp_path: Path) -> None:
+    part, _ = _mixed_partition(tmp_path)
+    wider = _rows(373, 5).drop_columns(["pad"]).append_column("z", pa.array([1.5] * 5))
+    pq.write_table(wider, part / "d.parquet")
+    reader = ParquetLogReader(part)
+    first = reader.read(0, 1_000, b"")  # a, b and c.parquet, not into d.parquet
+    assert first.batch is not None
+    assert first.batch.num_rows == 373
+    assert first.batch.schema.names == ["x", "y", "pad"]
+    second = reader.read(373, 1_000, first.continuation_token)
+    assert second.batch is not None
+    assert second.batch.schema.names == ["x", "y", "z"]
+    assert second.end_of_input
 
 
 def test_corrupt_row_group_names_the_file(tmp_path: Path) -> None:

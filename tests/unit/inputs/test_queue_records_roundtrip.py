@@ -6,7 +6,11 @@ Records (layout in :mod:`millstream.inputs.store_queue`):
   over values, read back through a queue opened anew (as another process reads them), from
   any row, in reads of any size, for every Arrow type a queue accepts; a type it cannot
   read back (dictionary-encoded columns) is refused at the append;
-- ``(p, "schema")``: the partition's schema, metadata included;
+- ``(p, "schema")``: the partition's schema, metadata included; with the schema
+  records of :mod:`millstream.inputs.queue_schemas` (``schema_from``, ``schemas``,
+  ``unified``) when appends evolve it: every read returns rows in the schema they were
+  appended in, before and after trims
+  (:func:`test_evolving_appends_read_back_in_their_own_schemas`);
 - ``(p, "end")``, ``(p, "first")``, ``(p, "sealed")``: the partition's bounds;
 - ``(p, "producer", id)``: a producer's last sequence, read back as
   :meth:`~millstream.inputs.QueueProducer.last_sequence` by a producer started anew, for
@@ -28,6 +32,8 @@ from hypothesis import strategies as st
 from millstream.exceptions import DuplicateSequenceError, InputError
 from millstream.inputs.store_queue import StoreQueue
 from millstream.outputs import StagedOutputs
+
+from tests.support.schema_jobs import partition_steps
 
 
 @pytest.fixture
@@ -280,3 +286,50 @@ def test_a_producer_started_anew_reads_back_its_last_sequences(
                 assert older.value.last_sequence == sequence
             assert [queue.end_row_index(p) for p in range(3)] == [rows.get(p, 0) for p in range(3)]
             queue.store.close()
+
+
+@settings(max_examples=40)
+@given(
+    steps=partition_steps(0, dictionaries=False, unsafe=False),
+    step=st.integers(1, 30),
+    trims=st.lists(st.integers(0, 140), max_size=3),
+)
+def test_evolving_appends_read_back_in_their_own_schemas(
+    steps: list[Any], step: int, trims: list[int]
+) -> None:
+    """Appends of safely changing schemas, read by a queue opened anew in reads of any
+    size: a read never spans a change, each rows' schema is the one appended, and reads
+    after trims (which clear the earlier schemas' records) still find theirs."""
+    with tempfile.TemporaryDirectory() as directory:
+        url = f"sqlite:///{Path(directory) / 'q.db'}"
+        writer = StoreQueue(url, "q", 1)
+        spans = []  # (begin, end, batch)
+        for sequence, appended in enumerate(steps):
+            batch = appended.batch()
+            begin, end = writer.append_as(0, batch, "producer", sequence)
+            spans.append((begin, end, batch))
+        writer.store.close()
+        reader = StoreQueue(url, "q", 1)
+        try:
+            first = 0
+            for trim in [*sorted(trims), 0]:
+                first = max(first, min(trim, spans[-1][1] - 1))
+                reader.trim(0, first)
+                row = first
+                while row < spans[-1][1]:
+                    got = reader.read(0, row, step).batch
+                    assert got is not None
+                    stop = row + got.num_rows
+                    covered = [
+                        batch.slice(max(0, row - begin), min(end, stop) - max(begin, row))
+                        for begin, end, batch in spans
+                        if begin < stop and row < end
+                    ]
+                    for piece in covered:
+                        assert piece.schema.equals(got.schema), "a read spans a schema change"
+                    assert got.equals(
+                        pa.Table.from_batches(covered).combine_chunks().to_batches()[0]
+                    )
+                    row = stop
+        finally:
+            reader.store.close()

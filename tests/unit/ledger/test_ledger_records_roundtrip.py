@@ -9,6 +9,8 @@ that covers it:
 - batch plans ``("plan", m, begin)``, the drained marker ``("drained", m)``, the
   numbering owner ``("numbering", m)`` and totals ``("mapped", m, what)``:
   :func:`test_mapper_records_read_back`;
+- the window schema ``("window_schema", m)`` (a mapper's mapped rows' unified schema):
+  :func:`test_window_schema_reads_back`;
 - reducer state ``("reducer", r)`` and totals ``("reduced", r, what)``:
   :func:`test_reducer_state_reads_back`;
 - the processor's record ``("processor",)``: :func:`test_processor_info_reads_back`;
@@ -60,12 +62,14 @@ from millstream.ledger import (
     read_reducer_state,
     read_rescale,
     read_statuses,
+    read_window_schema,
     reduced_key,
     register_worker,
     write_mapper_state,
     write_numbering,
     write_processor_info,
     write_reducer_state,
+    write_window_schema,
     write_worker_status,
 )
 from millstream.ledger.rescale import begin_rescale
@@ -168,6 +172,47 @@ def test_mapper_records_read_back(
         return unpack(plan)[0], unpack(drained)[0], read_numbering(txn, mapper), decode_int64(total)
 
     assert _round_trip(write, read) == (end, end, guid, batches)
+
+
+FIELD_TYPES = st.sampled_from(
+    [
+        pa.int8(),
+        pa.uint64(),
+        pa.float16(),
+        pa.float64(),
+        pa.large_string(),
+        pa.binary(),
+        pa.dictionary(pa.int32(), pa.string()),
+        pa.timestamp("us", "UTC"),
+        pa.list_(pa.int64()),
+        pa.struct([("a", pa.int32()), ("b", pa.string())]),
+    ]
+)
+
+
+@settings(max_examples=30)
+@given(
+    mapper=st.integers(0, 1000),
+    fields=st.lists(
+        st.tuples(st.text(min_size=1, max_size=12), FIELD_TYPES, st.booleans()),
+        max_size=6,
+        unique_by=lambda f: f[0],
+    ),
+    metadata=st.dictionaries(TEXT, TEXT, max_size=2),
+)
+def test_window_schema_reads_back(
+    mapper: int, fields: list[tuple[str, pa.DataType, bool]], metadata: dict[str, str]
+) -> None:
+    """Names, types (nested and dictionary ones too), nullability and metadata; absent
+    until written."""
+    schema = pa.schema([pa.field(n, t, nullable) for n, t, nullable in fields], metadata=metadata)
+    with _stores() as reopen, reopen().read() as txn:
+        assert read_window_schema(txn, mapper) is None
+    got = _round_trip(
+        lambda t: write_window_schema(t, mapper, schema), lambda t: read_window_schema(t, mapper)
+    )
+    assert got is not None
+    assert got.equals(schema, check_metadata=True)
 
 
 @settings(max_examples=30)

@@ -1,6 +1,7 @@
 """Ingest (thesis 4.3.3): read the partition, check the persisted state, ``map``, and push
 each batch into the window; the shuffle numbering (taken over by a new instance at least
-once) and the batch plans that make it reproducible after a restart."""
+once) and the batch plans that make it reproducible after a restart; the window's schema,
+which the mapped rows are unified into (:mod:`millstream.schema_unification`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from millstream.exceptions import (
     InputError,
     MemoryLimitError,
     MillstreamError,
+    SchemaEvolutionError,
+    SplitBrainError,
     StoreConflictError,
     UserCodeError,
 )
@@ -26,11 +29,14 @@ from millstream.ledger import (
     read_processor_info,
     read_reducer_state,
     read_rescale,
+    read_window_schema,
     write_mapper_state,
     write_numbering,
+    write_window_schema,
 )
 from millstream.ledger.spill import spilled_through
 from millstream.rpc.calls import max_payload_bytes
+from millstream.schema_unification import concat, conform, unify
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers.mapper_worker.instance import MapperInstance
 
@@ -52,6 +58,7 @@ class Ingestion(MapperInstance):
             plan = read_rescale(txn)
             self.rescale_through = None if plan is None else plan.committed[self.index]
             info = read_processor_info(txn)
+            self.window_schema = read_window_schema(txn, self.index)
             spilled = [
                 spilled_through(txn, r, self.index) for r in range(self.processor.num_reducers)
             ]
@@ -174,9 +181,12 @@ class Ingestion(MapperInstance):
                 f"map of mapper {self.index} returned {type(mapped).__name__} for input rows "
                 f"[{begin}, {end}); it must return millstream.Partitioned"
             )
+        rows_out = self._into_window_schema(mapped.batch, begin, end)
+        if rows_out is None:
+            return False
         try:
             held = window.snapshot().buffered_bytes
-            window.push(mapped.batch, mapped.reducer_indices, end, result.continuation_token)
+            window.push(rows_out, mapped.reducer_indices, end, result.continuation_token)
             self._entry_bytes.append(max(0, window.snapshot().buffered_bytes - held))
             self.behind = behind
             self._notify_rows()
@@ -199,6 +209,54 @@ class Ingestion(MapperInstance):
         self.batches += 1
         self._batches_unpersisted += 1
         return True
+
+    def _into_window_schema(
+        self, batch: pa.RecordBatch, begin: int, end: int
+    ) -> pa.RecordBatch | None:
+        """The mapped rows of input rows ``[begin, end)`` cast into the window's schema.
+
+        The window carries one schema, the unified schema of the mapped rows so far. Rows
+        that it holds go in cast; rows that widen it (a column added, a type widened)
+        cannot join the rows buffered already, so the widened schema is recorded in the
+        store and ingestion restarts from the persisted state, as after a split brain: the
+        new window casts every replayed batch into it (at least once, the instance ends
+        instead and a new one starts from the record). Returns None after a restart.
+
+        Raises:
+            UserCodeError: The rows' schema does not unify with the window's.
+            SplitBrainError: At least once: the window's schema widened.
+        """
+        known = self.window_schema
+        if batch.num_rows == 0 or known is None or batch.schema.equals(known):
+            if batch.num_rows and known is None:
+                self.window_schema = batch.schema
+            return batch
+        try:
+            unified = unify(known, batch.schema)
+            if unified.equals(known):
+                return conform(batch, known)
+        except SchemaEvolutionError as exc:
+            raise UserCodeError(
+                f"map of mapper {self.index} returned rows for input rows [{begin}, {end}) "
+                f"whose schema does not unify with its earlier rows': {exc}. Nothing of these "
+                "rows was sent; return columns whose types widen into one (cast them in map)"
+            ) from exc
+
+        def record(txn: StoreTransaction) -> None:
+            self._verify_persisted(txn)
+            stored = read_window_schema(txn, self.index)
+            write_window_schema(
+                txn, self.index, unified if stored is None else unify(stored, unified)
+            )
+
+        self.store.transact(record, idempotent=True)  # unifying again changes nothing
+        if self.processor.at_least_once:
+            raise SplitBrainError(
+                f"mapper {self.index}: its mapped rows widened their schema at input row "
+                f"{begin}; a new instance carries the widened schema"
+            )
+        self.start_ingestion()
+        return None
 
     def _past_rescale_cut(self, window: _core.Window) -> bool:
         """In a rescale's run: every row up to the last one an old reducer committed is
@@ -295,9 +353,14 @@ class Ingestion(MapperInstance):
             pieces.append(result.batch)
             at += rows
             token, end_of_input = result.continuation_token, result.end_of_input
-        if len(pieces) == 1:
-            return ReadResult(pieces[0], token, end_of_input)
-        batch = pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+        try:
+            batch = concat(pieces)
+        except SchemaEvolutionError as exc:
+            raise InputError(
+                f"mapper {self.index}: input rows [{begin}, {end}) were read in pieces of "
+                f"schemas that do not unify ({exc}); a PartitionReader must return the same "
+                "rows after a restart"
+            ) from exc
         return ReadResult(batch, token, end_of_input)
 
     def _wait_for_input(self, stop: threading.Event) -> None:

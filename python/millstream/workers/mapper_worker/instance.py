@@ -8,6 +8,8 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from millstream import _core
 from millstream.inputs.base import PartitionReader
 from millstream.ledger import MapperState
@@ -71,6 +73,9 @@ class MapperInstance(WindowService):
         self.spills = 0
         self._entry_bytes: collections.deque[int] = collections.deque(maxlen=8)
         """Window bytes of the last few mapped batches: the room the next one needs."""
+        self.window_schema: pa.Schema | None = None
+        """The schema the window carries: the mapped rows' unified schema (None until the
+        first rows, unless recorded when it widened)."""
         self.rescale_through: int | None = None
         """During a rescale, the shuffle index this run's input ends past: at the first
         batch boundary after it (:mod:`millstream.ledger.rescale`)."""

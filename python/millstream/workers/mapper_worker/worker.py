@@ -107,7 +107,6 @@ class MapperWorker(Ingestion, StragglerSpill, InputTrim, MapperDrain):
 
     def _ingest_loop(self, stop: threading.Event, backoff: Backoff) -> None:
         t = self.tuning
-        window = self._require_window()
         last_trim = self.clock.now()
         while not stop.is_set():
             progressed = False
@@ -119,6 +118,7 @@ class MapperWorker(Ingestion, StragglerSpill, InputTrim, MapperDrain):
                     self._note_error(exc)
                     self.clock.sleep(backoff.next(), stop)
                     continue
+            window = self._require_window()  # a new one if ingestion restarted
             while True:
                 # Room for a batch like the recent ones (and a quarter more: sizes vary),
                 # so that the next one keeps the window under its limit.

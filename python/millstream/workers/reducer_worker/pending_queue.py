@@ -13,8 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from millstream import _core
-from millstream.exceptions import UserCodeError
+from millstream.exceptions import SchemaEvolutionError, UserCodeError
 from millstream.queue_reducer import PendingRows
+from millstream.schema_unification import concat_tables
 
 
 class PendingQueue:
@@ -81,7 +82,7 @@ class PendingQueue:
         """The pending rows, mapper after mapper, for the user's ``process``: all of them,
         or the first ``share`` of each mapper's (at least one; a reducer whose round was
         too large for one transaction). A mapper whose rows are cut is not ended."""
-        tables = []
+        kept = []
         counts = []
         cut = set()
         for m in range(self.num_mappers):
@@ -91,14 +92,16 @@ class PendingQueue:
             if keep < total:
                 cut.add(m)
             if keep:
-                tables.append(pa.Table.from_batches(self._rows[m]).slice(0, keep))
+                kept.append((m, keep))
         ended = frozenset(ended - cut)
         mappers = np.concatenate([np.full(n, m, dtype=np.int32) for m, n in enumerate(counts)])
         try:
-            rows = (
-                pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
-            )
-        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            tables = [
+                concat_tables([pa.Table.from_batches([b]) for b in self._rows[m]]).slice(0, keep)
+                for m, keep in kept
+            ]
+            rows = concat_tables(tables) if tables else pa.table({})
+        except SchemaEvolutionError as exc:
             raise UserCodeError(
                 f"the mappers' rows have incompatible schemas ({exc}). Every mapper's map "
                 "must return columns of compatible types"

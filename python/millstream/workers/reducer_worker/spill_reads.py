@@ -11,8 +11,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream import _core
-from millstream.exceptions import RetryableStoreError, StoreUnavailableError, UserCodeError
+from millstream.exceptions import (
+    RetryableStoreError,
+    SchemaEvolutionError,
+    StoreUnavailableError,
+    UserCodeError,
+)
 from millstream.ledger.spill import clear_spill, read_spill, spill_pending
+from millstream.schema_unification import concat_tables
 from millstream.state import StoreTransaction
 from millstream.workers.reducer_worker.instance import ReducerInstance
 
@@ -72,9 +78,11 @@ class SpillReads(ReducerInstance):
     def _with_spilled(self, batch: pa.RecordBatch, parts: list[pa.RecordBatch]) -> pa.RecordBatch:
         """``batch`` (the mappers' window rows) and spilled rows, as one batch."""
         tables = [pa.Table.from_batches([b]) for b in [*parts, batch] if b.num_columns]
+        if not tables:
+            return batch
         try:
-            table = pa.concat_tables(tables, promote_options="permissive")
-        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            table = concat_tables(tables)
+        except SchemaEvolutionError as exc:
             raise UserCodeError(
                 f"reducer {self.index}: spilled rows and the mappers' rows have incompatible "
                 f"schemas ({exc}). Every mapper's map must return columns of compatible types"
