@@ -1,7 +1,7 @@
 """An input partition that stops sending rows: with ``Panes(idle_timeout=...)`` the panes
 still close on the other partition's time, and a row the silent partition sends later for
-a closed pane is late (counted in the store, ``millstream status`` and the late output),
-not lost."""
+a closed pane is late (counted in the store, ``millstream status``, the Prometheus
+metrics and the late output), not lost."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from millstream.outputs import ParquetSink
 from millstream.runner.local import LocalRunner
 
 from tests.support.jobs import EVENT_PANES, panes_of, panes_with_late, tuning
+from tests.support.metrics import scrape, total
 
 MINUTE = 60_000
 
@@ -76,7 +77,7 @@ def test_panes_close_while_a_partition_is_silent(tmp_path: Path, reducer: type[m
         return sum(r["late_rows"] or 0 for r in status["reducers"])
 
     append(1, np.array([1_000, 2_000, 3_000], dtype=np.int64))  # then nothing until the end
-    runner = LocalRunner(processor)
+    runner = LocalRunner(processor, metrics_port=0)
     runner.start()
     try:
         _until(
@@ -89,6 +90,14 @@ def test_panes_close_while_a_partition_is_silent(tmp_path: Path, reducer: type[m
         _until(
             lambda: status_late_rows() == ms.event_time.late_rows(processor),
             "millstream status shows the late rows",
+        )
+        assert runner.metrics is not None
+        port = runner.metrics.port
+        _until(
+            lambda: (
+                total(scrape(port), "millstream_late_rows") == ms.event_time.late_rows(processor)
+            ),
+            "the metrics show the late rows",
         )
         for p in range(2):
             queue.close_partition(p)
