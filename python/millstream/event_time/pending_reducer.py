@@ -116,7 +116,7 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
             self._count_late(txn, pending, before, seen, plan, kind)
         mask = done | is_mark.to_numpy(zero_copy_only=False)
         finished = pending.finish(mask)
-        now_seen = seen_after(pending, mask, seen)
+        now_seen = seen_after(pending, done, seen)
         if now_seen != seen:
             txn.set(self._space("seen"), store_layout.pack_marks(now_seen))
         waiting = store_layout.read_stored_panes(txn, self.spec.index)
