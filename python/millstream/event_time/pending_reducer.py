@@ -4,11 +4,11 @@
 pane that is still open are not written anywhere; they wait, pending, in the mappers'
 windows (memory), and when the watermark closes the pane the reducer merges them, emits
 the result and finishes them in the same transaction. Besides the results, a commit writes
-two small records under the reducer's own keys of the output keyspace:
+small records under the reducer's own keys of the output keyspace:
 
 - ``("~windows", r, "closed")``: the watermark panes were last closed at. A pending row
-  of a pane that closed (one that waited behind a row of an open pane of the same
-  partition, or that came late) is finished without effect when seen again;
+  of a pane that closed is finished without effect when seen again (it waited behind a
+  row of an open pane of the same partition), or counted as late (it came after);
 - ``("~windows", r, "watermarks")``: the latest event time reported from each input
   partition, since the watermark rows that told it are finished;
 - ``("~windows", r, "late")`` and ``("~windows", r, "seen")``: the late rows counted, and

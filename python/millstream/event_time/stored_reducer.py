@@ -171,6 +171,12 @@ class PaneReducer(Reducer, UsesPanes):
             self._idle = IdlePartitions(self.panes.idle_seconds)
         return watermark(marks, self.spec.num_partitions, self.drained_partitions, self._idle)
 
+    @property
+    def late_rows(self) -> int:
+        """The late rows this reducer's commits counted, as of its last commit (0 before
+        its first batch)."""
+        return self._late.committed or 0
+
     def figures(self) -> Mapping[str, int]:
         """``late_rows``: the late rows this reducer's commits counted."""
         return self._late.figures()
