@@ -6,6 +6,7 @@ and a partition that stops sending rows no longer holds the panes."""
 from __future__ import annotations
 
 import datetime as dt
+import tempfile
 from pathlib import Path
 
 import millstream as ms
@@ -13,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from millstream.event_time.watermark import END_OF_TIME, IdlePartitions, watermark
 from millstream.exceptions import ConfigurationError
 from millstream.outputs import ParquetSink, StagedOutputs
@@ -240,3 +243,107 @@ def test_bad_late_and_idle_options_are_refused() -> None:
             panes(idle_timeout=bad)
     assert panes(idle_timeout=dt.timedelta(seconds=3)).idle_seconds == 3.0
     assert panes().idle_seconds is None
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batches=st.lists(
+        st.lists(st.integers(0, 6 * MINUTE), min_size=1, max_size=5), min_size=1, max_size=10
+    ),
+    rounds=st.lists(
+        st.tuples(st.integers(0, 3), st.booleans(), st.booleans()), min_size=1, max_size=12
+    ),
+)
+def test_every_row_counts_once_in_its_pane_or_late_whatever_fails(
+    batches: list[list[int]], rounds: list[tuple[int, bool, bool]]
+) -> None:
+    """Batches of two partitions arrive at the pending reducer over rounds; a round's
+    commit may fail, and the reducer may restart (a new instance) between rounds. The
+    panes emitted (each once) plus the late output equal the panes of every row, and the
+    count is the late output's."""
+    panes = ms.event_time.Panes(
+        time="ts",
+        key="key",
+        size=MINUTE,
+        aggregates={"n": (None, "count"), "total": ("value", "sum")},
+        output="panes",
+        late_output="late",
+    )
+    config = {"panes": panes}
+    spec = ms.WorkerSpec("p", "reducer", 0, "r", 2, 1, num_partitions=2)
+    mappers = [
+        ms.event_time.PaneMapper(
+            ms.WorkerSpec("p", "mapper", m, "m", 2, 1, num_partitions=2), config
+        )
+        for m in range(2)
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/state.db"
+        sinks = [ParquetSink(url, name, f"{tmp}/{name}") for name in ("panes", "late")]
+        store = open_store(url, prefix=("p",))
+        queue: dict[int, pa.Table] = {}
+        reducer = ms.event_time.PendingPaneReducer(spec, config)
+        arriving = list(enumerate(batches))
+
+        def round_(ended: frozenset[int], fail: bool) -> None:
+            order = [p for p in sorted(queue) if queue[p].num_rows]
+            if not order:
+                return
+            where = np.concatenate([np.full(queue[p].num_rows, p, np.int32) for p in order])
+            table = pa.concat_tables([queue[p] for p in order])
+            pending = ms.PendingRows(table, where, ended, table.num_rows)
+            txn = store.create_transaction()
+            outputs = StagedOutputs(sinks, "reducer-0", 0)
+            reducer.process(pending, ms.Transaction(txn, outputs))
+            if fail:
+                txn.reset()
+                return
+            outputs.apply(txn)
+            txn.commit()
+            outputs.publish()
+            reducer.on_commit()
+            for p, done in pending.finished_prefix().items():
+                queue[p] = queue[p].slice(done)
+
+        def arrive(i: int, ts: list[int]) -> None:
+            rows = _rows(ts, [t % 3 for t in ts], [t % 10 for t in ts]).to_batches()[0]
+            mapped = pa.Table.from_batches([mappers[i % 2].map(rows).batch])
+            held = queue.get(i % 2)
+            queue[i % 2] = mapped if held is None else pa.concat_tables([held, mapped])
+
+        for count, fail, restart in rounds:
+            for i, ts in arriving[:count]:
+                arrive(i, ts)
+            del arriving[:count]
+            if restart:
+                reducer = ms.event_time.PendingPaneReducer(spec, config)
+            round_(frozenset(), fail)
+        for i, ts in arriving:
+            arrive(i, ts)
+        round_(frozenset({0, 1}), fail=False)
+        assert all(not t.num_rows for t in queue.values()), "the end of input finishes every row"
+
+        emitted, late = (sink.read() for sink in sinks)
+        got: dict[tuple[int, int], list[int]] = {}
+        for table in (emitted, late):
+            if table.num_rows:
+                for start, key, n, total in zip(
+                    *(table[c].to_pylist() for c in ("window_start", "key", "n", "total")),
+                    strict=True,
+                ):
+                    have = got.setdefault((start, key), [0, 0])
+                    have[0] += n
+                    have[1] += total
+        want: dict[tuple[int, int], list[int]] = {}
+        for t in (t for ts in batches for t in ts):
+            have = want.setdefault((t // MINUTE * MINUTE, t % 3), [0, 0])
+            have[0] += 1
+            have[1] += t % 10
+        assert got == want
+        starts = emitted["window_start"].to_pylist() if emitted.num_rows else []
+        keys = emitted["key"].to_pylist() if emitted.num_rows else []
+        assert len(set(zip(starts, keys, strict=True))) == len(starts), "a pane emitted twice"
+        with store.read() as txn:
+            counted = ms.Transaction(txn).get_int(("~windows", 0, "late"))
+        assert counted == (sum(late["n"].to_pylist()) if late.num_rows else 0)
+        store.close()
