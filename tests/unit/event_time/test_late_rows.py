@@ -245,6 +245,7 @@ def test_bad_late_and_idle_options_are_refused() -> None:
     assert panes().idle_seconds is None
 
 
+@pytest.mark.parametrize("kind", REDUCERS, ids=["stored", "pending"])
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     batches=st.lists(
@@ -255,12 +256,13 @@ def test_bad_late_and_idle_options_are_refused() -> None:
     ),
 )
 def test_every_row_counts_once_in_its_pane_or_late_whatever_fails(
-    batches: list[list[int]], rounds: list[tuple[int, bool, bool]]
+    kind: type[ms.Reducer], batches: list[list[int]], rounds: list[tuple[int, bool, bool]]
 ) -> None:
-    """Batches of two partitions arrive at the pending reducer over rounds; a round's
-    commit may fail, and the reducer may restart (a new instance) between rounds. The
-    panes emitted (each once) plus the late output equal the panes of every row, and the
-    count is the late output's."""
+    """Batches of two partitions arrive over rounds (the stored reducer reduces the rows
+    not committed yet, the pending one processes its pending rows); a round's commit may
+    fail, and the reducer may restart (a new instance) between rounds. The panes emitted
+    (each once) plus the late output equal the panes of every row, and the count is the
+    late output's."""
     panes = ms.event_time.Panes(
         time="ts",
         key="key",
@@ -282,7 +284,7 @@ def test_every_row_counts_once_in_its_pane_or_late_whatever_fails(
         sinks = [ParquetSink(url, name, f"{tmp}/{name}") for name in ("panes", "late")]
         store = open_store(url, prefix=("p",))
         queue: dict[int, pa.Table] = {}
-        reducer = ms.event_time.PendingPaneReducer(spec, config)
+        reducer = kind(spec, config)
         arriving = list(enumerate(batches))
 
         def round_(ended: frozenset[int], fail: bool) -> None:
@@ -294,7 +296,12 @@ def test_every_row_counts_once_in_its_pane_or_late_whatever_fails(
             pending = ms.PendingRows(table, where, ended, table.num_rows)
             txn = store.create_transaction()
             outputs = StagedOutputs(sinks, "reducer-0", 0)
-            reducer.process(pending, ms.Transaction(txn, outputs))
+            if isinstance(reducer, ms.QueueReducer):
+                reducer.process(pending, ms.Transaction(txn, outputs))
+            else:
+                reducer.drained_partitions = ended
+                reducer.reduce(table.combine_chunks().to_batches()[0], ms.Transaction(txn, outputs))
+                pending.finish_all()
             if fail:
                 txn.reset()
                 return
@@ -316,12 +323,13 @@ def test_every_row_counts_once_in_its_pane_or_late_whatever_fails(
                 arrive(i, ts)
             del arriving[:count]
             if restart:
-                reducer = ms.event_time.PendingPaneReducer(spec, config)
+                reducer = kind(spec, config)
             round_(frozenset(), fail)
         for i, ts in arriving:
             arrive(i, ts)
         round_(frozenset({0, 1}), fail=False)
         assert all(not t.num_rows for t in queue.values()), "the end of input finishes every row"
+        commit_round(store, sinks, reducer.drain)
 
         emitted, late = (sink.read() for sink in sinks)
         got: dict[tuple[int, int], list[int]] = {}
