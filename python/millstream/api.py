@@ -393,6 +393,13 @@ class Reducer(ABC):
         key group) needs nothing: the new owner of a key group finds it where it is.
         """
 
+    def figures(self) -> Mapping[str, int | float]:
+        """Figures of the reducer's own for its status (``millstream status``, the
+        metrics), by name, such as the event-time panes' ``late_rows``. Called from the
+        worker's heartbeat thread: return quickly, what the last commits settled. None by
+        default."""
+        return {}
+
     def on_commit(self) -> None:  # noqa: B027 (optional hook; the default does nothing)
         """Called after the transaction of the last :meth:`reduce` committed: as soon as it
         did, before the reducer tells the mappers of the commit.

@@ -233,6 +233,9 @@ def render_status(status: dict[str, Any]) -> str:
         )
         if r["last_error"]:
             errors.append(f"reducer {r['index']}: {r['last_error']}")
+    late = [r.get("late_rows") for r in status["reducers"] if r.get("late_rows") is not None]
+    if late:
+        lines.append(f"late rows (their pane was emitted already): {sum(late):,}")
     lines.extend(f"last error of {line}" for line in errors)
     return "\n".join(lines)
 

@@ -38,6 +38,7 @@ class PendingRows:
             partition whose rows are cut is not in it.
         fetched_rows: How many of ``rows`` arrived in this round (the others were pending
             already; after a restart every row counts as arrived).
+        runs: ``(partition, first row, end)`` of each partition's rows in ``rows``.
     """
 
     def __init__(
@@ -52,10 +53,9 @@ class PendingRows:
         self.ended_partitions = ended_partitions
         self.fetched_rows = fetched_rows
         self._finished = np.zeros(rows.num_rows, dtype=bool)
-        # Each partition's rows are one run: (partition, first row, end).
         starts = np.flatnonzero(np.diff(partitions, prepend=-1) != 0)
         ends = [*starts[1:], len(partitions)]
-        self._runs = [
+        self.runs = [
             (int(partitions[a]), int(a), int(b)) for a, b in zip(starts, ends, strict=True)
         ]
 
@@ -123,14 +123,14 @@ class PendingRows:
         """The rows this round's commit finishes, as things stand (see :meth:`finish`)."""
         out = np.zeros(len(self._finished), dtype=bool)
         prefix = self.finished_prefix()
-        for m, start, _ in self._runs:
+        for m, start, _ in self.runs:
             out[start : start + prefix[m]] = True
         return pa.array(out, pa.bool_())
 
     def finished_prefix(self) -> dict[int, int]:
         """Per partition with pending rows, how many of its first rows the commit finishes."""
         out: dict[int, int] = {}
-        for m, a, b in self._runs:
+        for m, a, b in self.runs:
             unfinished = np.flatnonzero(~self._finished[a:b])
             out[m] = int(unfinished[0]) if unfinished.size else b - a
         return out

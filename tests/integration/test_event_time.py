@@ -1,8 +1,11 @@
 """Event-time panes end to end: tumbling one-minute panes over a stream with
-out-of-order timestamps equal the panes pyarrow computes alone, under kill -9."""
+out-of-order timestamps equal the panes pyarrow computes alone, under kill -9; with late
+rows injected, every row counts once: in its pane, or late (counted and in the late
+output)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import millstream as ms
@@ -16,6 +19,7 @@ from tests.support.jobs import (
     EVENT_PANES,
     SlowPaneMapper,
     expected_panes,
+    panes_with_late,
     tuning,
     write_event_input,
     written_panes,
@@ -62,3 +66,47 @@ def test_tumbling_panes_are_exact_under_kill_9(
     assert ms.event_time.late_rows(processor) == 0
     assert written_panes(sink) == expected_panes(data)
     print(f"seed {seed}: killed {killer.kills}; {len(sink.recorded())} files")
+
+
+@pytest.mark.parametrize(
+    "reducer",
+    [ms.event_time.PaneReducer, ms.event_time.PendingPaneReducer],
+    ids=["stored", "pending"],
+)
+def test_late_rows_count_once_under_kill_9(tmp_path: Path, reducer: type[ms.Reducer]) -> None:
+    """Which rows are late depends on when they arrive; that each row counts once does
+    not: the panes emitted (each once) plus the late output equal pyarrow's panes over
+    every row, and the late rows counted are the late output's."""
+    data = write_event_input(tmp_path / "in", 200_000, disorder_ms=EVENT_DISORDER_MS, late_every=50)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    sink = ParquetSink(url, "per-minute", str(tmp_path / "out"))
+    late = ParquetSink(url, "late", str(tmp_path / "late"))
+    processor = ms.Processor(
+        mapper=SlowPaneMapper,
+        reducer=reducer,
+        input=ms.inputs.ParquetLog(str(data)),
+        store=url,
+        num_reducers=2,
+        config={
+            "panes": dataclasses.replace(EVENT_PANES, late_output="late"),
+            "map_seconds": 0.04,
+        },
+        outputs=[sink, late],
+        tuning=tuning(
+            batch_rows=2_000,
+            commit_interval_seconds=0.1,
+            restart=ms.RestartStrategy(max_restarts=1_000),
+        ),
+    )
+    runner = LocalRunner(processor)
+    runner.start()
+    with RandomKiller(runner, 4) as killer:
+        runner.wait(timeout=300)
+    assert killer.kills, "the killer never found a live process"
+    emitted = written_panes(sink)
+    assert len({(start, key) for start, key, *_ in emitted}) == len(emitted)
+    assert panes_with_late(sink, late) == expected_panes(data)
+    counted = ms.event_time.late_rows(processor)
+    assert counted == sum(late.read()["n"].to_pylist())
+    assert counted > 0, "no injected row came after its pane closed"
+    print(f"killed {killer.kills}; {counted} late rows")

@@ -28,12 +28,15 @@ def stream(partitions: int, rows: int, *, disorder: int, seed: int = 5) -> list[
 
 
 def commit_round(
-    store: Any, sink: ParquetSink, write: Callable[[ms.Transaction], None], reducer: int = 0
+    store: Any,
+    sink: ParquetSink | list[ParquetSink],
+    write: Callable[[ms.Transaction], None],
+    reducer: int = 0,
 ) -> None:
     """One reducer transaction by hand: ``write`` through it, then commit it with what it
-    staged for ``sink`` (as reducer ``reducer``) and publish that."""
+    staged for ``sink`` (or each of a list; as reducer ``reducer``) and publish that."""
     txn = store.create_transaction()
-    outputs = StagedOutputs([sink], f"reducer-{reducer}", 0)
+    outputs = StagedOutputs(sink if isinstance(sink, list) else [sink], f"reducer-{reducer}", 0)
     write(ms.Transaction(txn, outputs))
     outputs.apply(txn)
     txn.commit()

@@ -233,11 +233,19 @@ class SlowPaneMapper(ms.event_time.PaneMapper):
 
 
 def write_event_input(
-    root: Path, rows: int, *, partitions: int = 2, disorder_ms: int = 5_000, seed: int = 7
+    root: Path,
+    rows: int,
+    *,
+    partitions: int = 2,
+    disorder_ms: int = 5_000,
+    seed: int = 7,
+    late_every: int = 0,
 ) -> Path:
     """Parquet files of ``(ts int64 ms, key int64, value int64)`` under
     ``root/partition=p/``: about 100 rows a second per partition, each up to
-    ``disorder_ms`` out of order."""
+    ``disorder_ms`` out of order; with ``late_every``, every ``late_every``-th row of each
+    partition's second half has a time in the first half minute instead (late, unless its
+    pane is still open when it arrives)."""
     rng = np.random.default_rng(seed)
     per_partition = rows // partitions
     for p in range(partitions):
@@ -245,6 +253,8 @@ def write_event_input(
         part.mkdir(parents=True, exist_ok=True)
         ts = np.arange(per_partition, dtype=np.int64) * 10
         ts += rng.integers(0, disorder_ms + 1, per_partition)
+        if late_every:
+            ts[per_partition // 2 :: late_every] %= 30_000
         keys = rng.integers(0, 50, per_partition, dtype=np.int64)
         values = rng.integers(-1000, 1000, per_partition, dtype=np.int64)
         for f, start in enumerate(range(0, per_partition, 10_000)):
@@ -275,7 +285,11 @@ EVENT_PANES = ms.event_time.Panes(
 def expected_panes(root: Path) -> list[tuple[int, int, int, int, int]]:
     """``(window_start, key, n, total, high)`` of :data:`EVENT_PANES` over the rows
     under ``root``, computed with pyarrow alone."""
-    rows = input_table(root)
+    return panes_of(input_table(root))
+
+
+def panes_of(rows: pa.Table) -> list[tuple[int, int, int, int, int]]:
+    """``(window_start, key, n, total, high)`` of :data:`EVENT_PANES` over ``rows``."""
     ts = np.asarray(rows["ts"].to_numpy())
     starts = pa.array((ts // _MINUTE_MS) * _MINUTE_MS)
     table = rows.append_column(ms.event_time.START, starts)
@@ -291,6 +305,17 @@ def written_panes(sink: Any) -> list[tuple[int, int, int, int, int]]:
     table = sink.read()
     columns = [ms.event_time.START, "key", "n", "total", "high"]
     return sorted(zip(*(table[c].to_pylist() for c in columns), strict=True))
+
+
+def panes_with_late(sink: Any, late: Any) -> list[tuple[int, int, int, int, int]]:
+    """:func:`written_panes` of ``sink`` with the late rows' aggregates ``late`` received
+    added in: what every row, on time or late, makes of the panes."""
+    both = pa.concat_tables([sink.read(), late.read()], promote_options="permissive")
+    grouped = both.group_by([ms.event_time.START, "key"]).aggregate(
+        [("n", "sum"), ("total", "sum"), ("high", "max")]
+    )
+    columns = [ms.event_time.START, "key", "n_sum", "total_sum", "high_max"]
+    return sorted(zip(*(grouped[c].to_pylist() for c in columns), strict=True))
 
 
 FAST = ms.Tuning(

@@ -19,9 +19,10 @@ reducer) and writes only the results.
 
 from millstream.event_time.aggregation import FUNCTIONS, Panes
 from millstream.event_time.combiner import PaneMapper
+from millstream.event_time.late import late_rows
 from millstream.event_time.partials import END, START, Plan
 from millstream.event_time.pending_reducer import PendingPaneReducer
-from millstream.event_time.stored_reducer import PaneReducer, late_rows
+from millstream.event_time.stored_reducer import PaneReducer
 
 __all__ = [
     "END",

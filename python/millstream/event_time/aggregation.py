@@ -31,8 +31,10 @@ class Panes:
     starting every ``slide``. Per pane and key, ``aggregates`` are computed; a pane is
     emitted, once, when the watermark (the smallest over input partitions of the latest
     event time read from each) passes its end by ``lateness``. A row that arrives for a
-    pane already emitted is dropped (``PaneReducer`` counts them: ``late_rows``). When
-    every partition's input ended, every pane still open is emitted.
+    pane already emitted is *late*: it changes nothing emitted, is counted
+    (:func:`~millstream.event_time.late_rows`, ``late_rows`` in ``millstream status`` and
+    the metrics) and, with ``late_output``, sent there. When every partition's input
+    ended, every pane still open is emitted.
 
     Args:
         time: The event-time column: int64 (ticks of your choice, e.g. epoch
@@ -56,6 +58,14 @@ class Panes:
             earlier releases wrote).
         finish: A user function applied to each table of closed panes before it is
             emitted (derived columns, filters); it must return a table.
+        late_output: Name of a processor output the late rows go to, as the aggregates
+            they would have added: rows ``(window_start, window_end, key, *aggregates)``
+            per pane and key (not through ``finish``), once, in the commit that counts
+            them. None: late rows are only counted.
+        idle_timeout: Seconds (or a timedelta) of a reducer's clock after which an input
+            partition whose latest event time has not advanced stops holding the
+            watermark; its rows for panes emitted meanwhile are late. None (the default):
+            a partition holds the watermark until its input ends.
     """
 
     time: str
@@ -66,6 +76,8 @@ class Panes:
     slide: Span | None = None
     lateness: Span = 0
     finish: Callable[[pa.Table], pa.Table] | None = field(default=None, compare=False)
+    late_output: str | None = None
+    idle_timeout: float | dt.timedelta | None = None
 
     def __post_init__(self) -> None:
         if not self.aggregates:
@@ -90,6 +102,31 @@ class Panes:
                 raise ConfigurationError(f"{what} must be positive, got {span!r}")
             if what == "lateness" and _positive(span) < 0:
                 raise ConfigurationError(f"lateness must be >= 0, got {span!r}")
+        if self.late_output is not None and self.late_output == self.output:
+            raise ConfigurationError(
+                f"late_output and output are both {self.output!r}: late rows go to an output "
+                "of their own (their rows are not the panes'), or set late_output=None"
+            )
+        idle = self.idle_seconds
+        if idle is not None and not idle > 0:
+            raise ConfigurationError(
+                f"idle_timeout must be a positive number of seconds, a timedelta or None, "
+                f"got {self.idle_timeout!r}"
+            )
+
+    @property
+    def idle_seconds(self) -> float | None:
+        """``idle_timeout`` in seconds (None: partitions never turn idle)."""
+        timeout = self.idle_timeout
+        if isinstance(timeout, dt.timedelta):
+            return timeout.total_seconds()
+        if timeout is None:
+            return None
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise ConfigurationError(
+                f"idle_timeout must be seconds (a number), a timedelta or None, got {timeout!r}"
+            )
+        return float(timeout)
 
     @property
     def tumbling(self) -> bool:

@@ -23,6 +23,9 @@ END = "window_end"
 """The column of a pane's end, in the output."""
 GLOBAL_KEY = "key"
 """The key column's name when the aggregation has no key (one global key, 0)."""
+ROWS = "_rows"
+"""The column counting each partial's input rows when no aggregate counts them (the
+reducers count late rows in input rows); merges and the store leave it out."""
 
 _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 
@@ -76,6 +79,15 @@ class Plan:
         """The partial columns, in order."""
         return [name for name, _, _ in self.partials]
 
+    @property
+    def rows(self) -> str:
+        """The column counting each partial's input rows: the aggregation's own count, or
+        :data:`ROWS`, which the mapper adds when no aggregate counts rows."""
+        for name, source, function in self.partials:
+            if (source, function) == (None, "count"):
+                return name
+        return ROWS
+
 
 def pane_starts(ticks: np.ndarray, size: int, slide: int) -> tuple[np.ndarray, np.ndarray]:
     """``(row, start)`` of every pane each row belongs to: ``size // slide`` per row."""
@@ -104,8 +116,8 @@ def time_ticks(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def combine(table: pa.Table, panes: Panes, plan: Plan) -> tuple[pa.Table, int, pa.DataType]:
-    """Rows to partials per ``(pane start, key)``; also the largest event time and the
-    time column's type.
+    """Rows to partials per ``(pane start, key)``, with :attr:`Plan.rows` counting their
+    input rows; also the largest event time and the time column's type.
 
     Raises:
         ConfigurationError: A column is missing, the key column is not an integer, string
@@ -153,20 +165,19 @@ def combine(table: pa.Table, panes: Panes, plan: Plan) -> tuple[pa.Table, int, p
             )
         columns[name] = values.take(picked)
         aggregations.append((name, function))
+    names = plan.names
+    if plan.rows == ROWS:
+        aggregations.append(([], "count_all"))
+        names = [*names, ROWS]
     exploded = pa.table(columns)
     grouped = exploded.group_by([START, plan.key], use_threads=False).aggregate(aggregations)
     latest = int(ticks.max()) if len(ticks) else -(2**63)
-    return (
-        grouped.rename_columns([START, plan.key, *plan.names]).select(
-            [START, plan.key, *plan.names]
-        ),
-        latest,
-        kind,
-    )
+    return grouped.rename_columns([START, plan.key, *names]), latest, kind
 
 
 def merge(parts: list[pa.Table], plan: Plan) -> pa.Table:
-    """Partials of the same ``(pane start, key)`` merged into one row each."""
+    """Partials of the same ``(pane start, key)`` merged into one row each (without
+    :data:`ROWS`)."""
     table = pa.concat_tables(parts, promote_options="permissive")
     grouped = table.group_by([START, plan.key], use_threads=False).aggregate(
         [(name, _MERGE[function]) for name, _, function in plan.partials]
@@ -176,9 +187,11 @@ def merge(parts: list[pa.Table], plan: Plan) -> pa.Table:
     )
 
 
-def finish(partials: pa.Table, panes: Panes, plan: Plan, kind: pa.DataType) -> pa.Table:
+def finish(
+    partials: pa.Table, panes: Panes, plan: Plan, kind: pa.DataType, *, user: bool = True
+) -> pa.Table:
     """The aggregates of closed panes: ``window_start, window_end, key, *aggregates``,
-    ordered by pane and key."""
+    ordered by pane and key, through ``Panes.finish`` when ``user``."""
     size, _, _ = panes.ticks(kind)
     ordered = partials.sort_by([(START, "ascending"), (plan.key, "ascending")])
     starts = ordered[START].combine_chunks()
@@ -199,7 +212,7 @@ def finish(partials: pa.Table, panes: Panes, plan: Plan, kind: pa.DataType) -> p
         else:
             columns[out] = ordered[plan.name(column, function)]
     result = pa.table(columns)
-    return panes.finish(result) if panes.finish is not None else result
+    return panes.finish(result) if user and panes.finish is not None else result
 
 
 def value_type_error(column: str, kind: pa.DataType, function: str) -> str | None:

@@ -4,13 +4,15 @@
 pane that is still open are not written anywhere; they wait, pending, in the mappers'
 windows (memory), and when the watermark closes the pane the reducer merges them, emits
 the result and finishes them in the same transaction. Besides the results, a commit writes
-two small records under the reducer's own keys of the output keyspace:
+small records under the reducer's own keys of the output keyspace:
 
 - ``("~windows", r, "closed")``: the watermark panes were last closed at. A pending row
-  of a pane that closed (one that waited behind a row of an open pane of the same
-  partition, or that came late) is finished without effect when seen again;
+  of a pane that closed is finished without effect when seen again (it waited behind a
+  row of an open pane of the same partition), or counted as late (it came after);
 - ``("~windows", r, "watermarks")``: the latest event time reported from each input
-  partition, since the watermark rows that told it are finished.
+  partition, since the watermark rows that told it are finished;
+- ``("~windows", r, "late")`` and ``("~windows", r, "seen")``: the late rows counted, and
+  what tells them from rows seen again (:mod:`millstream.event_time.late`).
 
 A rescale (:func:`millstream.rescale`) ends the old reducers' run where every row up to
 one point is finished: there the pending partials of open panes are merged and stored
@@ -21,7 +23,7 @@ into the pane when it closes.
 Compared with :class:`~millstream.event_time.PaneReducer`, which writes the partials of
 every open pane a batch changes with every commit, this writes the results and nothing
 else; the price is memory in the mappers: about one pane (plus the lateness) of
-partials, which must fit their windows' memory limit. Late rows are dropped, not counted.
+partials, which must fit their windows' memory limit.
 """
 
 from __future__ import annotations
@@ -34,13 +36,12 @@ from millstream.api import Transaction
 from millstream.event_time import store_layout
 from millstream.event_time.aggregation import UsesPanes
 from millstream.event_time.combiner import PARTITION, WATERMARK
+from millstream.event_time.late import LateRows, arrived_after_close, seen_after
 from millstream.event_time.partials import START, Plan, finish, merge
 from millstream.event_time.store_layout import own_key, partials_key
+from millstream.event_time.watermark import IdlePartitions, watermark
 from millstream.queue_reducer import PendingRows, QueueReducer
 from millstream.state.keys import pack
-
-_END_OF_TIME = 2**62
-"""The watermark once every partition's input ended: past every pane."""
 
 
 class PendingPaneReducer(QueueReducer, UsesPanes):
@@ -50,8 +51,16 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
 
     The watermark is the smallest, over the input partitions whose input has not ended,
     of the latest event time reported from each: a partition that has sent nothing yet,
-    or whose mapper is down, holds every pane open (and its rows pending) until it reports.
+    or whose mapper is down, holds every pane open (and its rows pending) until it
+    reports, or, with ``Panes.idle_timeout``, until it has been idle that long
+    (:mod:`millstream.event_time.watermark`). Rows for a pane already emitted are late
+    (:mod:`millstream.event_time.late`).
     """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._late = LateRows(self.spec.index)
+        self._idle: IdlePartitions | None = None
 
     def _space(self, *rest: object) -> tuple[object, ...]:
         return own_key(self.spec.index, *rest)
@@ -83,6 +92,8 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
         size, _, lateness = panes.ticks(kind)
         closed = store_layout.read_int(txn, self._space("closed"))
         reported = store_layout.read_marks(txn, self._space("watermarks"))
+        seen = store_layout.read_marks(txn, self._space("seen"))
+        self._late.begin(txn)
         is_mark = pc.is_valid(table[PARTITION]).combine_chunks()
         # Every row of a partition before a pending watermark row is pending too (or
         # finished), so this round may go by them; only finished ones are stored (below).
@@ -100,11 +111,14 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
             )
         fresh = done.copy()
         if closed is not None:
-            fresh &= ~pc.fill_null(pc.less_equal(ends, closed), False).to_numpy(
-                zero_copy_only=False
-            )
+            before = pc.fill_null(pc.less_equal(ends, closed), False).to_numpy(zero_copy_only=False)
+            fresh &= ~before
+            self._count_late(txn, pending, before, seen, plan, kind)
         mask = done | is_mark.to_numpy(zero_copy_only=False)
         finished = pending.finish(mask)
+        now_seen = seen_after(pending, done, seen)
+        if now_seen != seen:
+            txn.set(self._space("seen"), store_layout.pack_marks(now_seen))
         waiting = store_layout.read_stored_panes(txn, self.spec.index)
         reached = sorted(
             s for s in waiting if watermark is not None and s + size + lateness <= watermark
@@ -128,6 +142,30 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
             if watermark is not None and watermark != closed:
                 txn.set(self._space("closed"), pack((watermark,)))
 
+    def _count_late(
+        self,
+        txn: Transaction,
+        pending: PendingRows,
+        closed: np.ndarray,
+        seen: dict[int, int],
+        plan: Plan,
+        kind: pa.DataType,
+    ) -> None:
+        """Count the rows of panes ``closed`` before this round that were not pending
+        when they closed (:func:`~millstream.event_time.late.arrived_after_close`)."""
+        if closed.any():
+            late = arrived_after_close(pending, closed, seen)
+            if late.any():
+                rows = pending.rows.filter(pa.array(late)).drop_columns([PARTITION, WATERMARK])
+                self._late.count(txn, rows, self.panes, plan, kind)
+
+    def figures(self) -> dict[str, int]:
+        """``late_rows``: the late rows this reducer's commits counted."""
+        return self._late.figures()
+
+    def on_commit(self) -> None:
+        self._late.on_commit()
+
     def hand_over(self, pending: PendingRows, txn: Transaction) -> None:
         """Store the pending partials of open panes under their key groups (merged with
         any a rescale stored before), with the watermarks and the panes they belong to,
@@ -144,10 +182,18 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
                 table.filter(is_mark), store_layout.read_marks(txn, self._space("watermarks"))
             )
             partials = table.filter(pc.invert(is_mark)).drop_columns([PARTITION, WATERMARK])
-            if closed is not None and partials.num_rows:  # emitted already
+            if closed is not None and partials.num_rows:  # emitted already, or late
+                self._late.begin(txn)
+                ends = pc.add(table[START], size + lateness)
+                before = pc.fill_null(pc.less_equal(ends, closed), False)
+                seen = store_layout.read_marks(txn, self._space("seen"))
+                self._count_late(
+                    txn, pending, before.to_numpy(zero_copy_only=False), seen, plan, kind
+                )
                 partials = partials.filter(
                     pc.greater(pc.add(partials[START], size + lateness), closed)
                 )
+            partials = partials.select([START, plan.key, *plan.names])
             waiting = store_layout.read_stored_panes(txn, self.spec.index)
             if partials.num_rows:
                 starts = set(pc.unique(partials[START]).to_pylist())
@@ -185,14 +231,10 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
         store_layout.hand_over(txn, old_reducers, new_reducers)
 
     def _watermark(self, marks: dict[int, int], ended: frozenset[int]) -> int | None:
-        """The smallest latest event time over the partitions whose input has not ended
-        (None while one of them has reported nothing); past every pane once all ended."""
-        waiting = [p for p in range(self.spec.num_partitions) if p not in ended]
-        if not waiting:
-            return _END_OF_TIME
-        if any(p not in marks for p in waiting):
-            return None
-        return min(marks[p] for p in waiting)
+        """The watermark over the partitions whose input has not ended (None: unknown yet)."""
+        if self._idle is None:
+            self._idle = IdlePartitions(self.panes.idle_seconds)
+        return watermark(marks, self.spec.num_partitions, ended, self._idle)
 
 
 def _latest(reported: pa.Table, marks: dict[int, int]) -> dict[int, int]:

@@ -9,8 +9,10 @@ kept so that their stores still read):
   ``g``. A reducer reads and writes only the key groups it owns, so a rescale, which hands
   whole key groups to other reducers, moves none of them;
 - ``("~windows", r, what)``: reducer ``r``'s own records (watermarks, the watermark panes
-  were last closed at, the partials' schema, late rows, panes with stored partials);
-  :func:`hand_over` gives the new reducers theirs when a rescale changes the count.
+  were last closed at, the partials' schema, late rows and the pending rows seen,
+  :mod:`millstream.event_time.late`, panes with stored partials); :func:`hand_over`
+  gives the new reducers theirs when a rescale changes the count (the pending rows seen
+  are finished by then: that record goes).
 """
 
 from __future__ import annotations
@@ -137,8 +139,9 @@ def hand_over(txn: Transaction, old_reducers: int, new_reducers: int) -> None:
     """Give every new reducer the records the old ones kept under their indices: per
     input partition the smallest watermark (which every old reducer had reached), the
     latest watermark any of them closed panes at (a pane one of them emitted stays
-    emitted), the partials' schema, and every pane with stored partials; late-row counts go to
-    reducer 0. Partials stay where they are, under their key groups."""
+    emitted), the partials' schema, and every pane with stored partials; late-row counts go
+    to reducer 0 (the record of pending rows seen goes: every row is finished at a
+    rescale). Partials stay where they are, under their key groups."""
     marks: dict[int, int] = {}
     closed: int | None = None
     schema: bytes | None = None

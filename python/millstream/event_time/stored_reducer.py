@@ -7,7 +7,7 @@ the partials of open panes under their keys' key groups (only the keys a batch c
 written, and a pane's keys are cleared when it is emitted), and under the reducer's index
 its watermarks (the latest event time reported from each input partition; every reducer
 gets every watermark row), the watermark panes were last closed at, the partials' schema
-and the rows dropped because their pane had been emitted.
+and the late rows (:mod:`millstream.event_time.late`).
 
 The memory copy is the store's as of the last commit: after a commit that failed, or one
 whose outcome is unknown, it is read again from the store before the next batch.
@@ -15,7 +15,7 @@ whose outcome is unknown, it is read again from the store before the next batch.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -25,17 +25,14 @@ from millstream.api import Reducer, Transaction
 from millstream.event_time import store_layout
 from millstream.event_time.aggregation import UsesPanes
 from millstream.event_time.combiner import PARTITION, WATERMARK
+from millstream.event_time.late import LateRows
 from millstream.event_time.partials import START, Plan, finish, merge
 from millstream.event_time.store_layout import own_key, partials_key
+from millstream.event_time.watermark import END_OF_TIME, IdlePartitions, watermark
 from millstream.exceptions import ConfigurationError
-from millstream.ledger import OUTPUT
-from millstream.ledger.subspaces import processor_prefix
-from millstream.state import open_store
-from millstream.state.keys import decode_int64, pack
+from millstream.state.keys import pack
 
 _NO_TIME = -(2**63)
-_END_OF_TIME = 2**62
-"""The watermark once every partition drained: past every pane (and still adds safely)."""
 
 
 class _State:
@@ -63,15 +60,18 @@ class PaneReducer(Reducer, UsesPanes):
     The watermark is the smallest, over the input partitions that may still send rows, of
     the latest event time read from each: a partition that has sent nothing yet, or whose
     mapper is down, holds every pane open until it reports (as in Flink, an idle input
-    holds the watermark); a partition that drained (its input ended and every reducer
-    committed its rows) no longer counts.
+    holds the watermark) or, with ``Panes.idle_timeout``, until it has been idle that
+    long (:mod:`millstream.event_time.watermark`); a partition that drained (its input
+    ended and every reducer committed its rows) no longer counts. Rows for a pane
+    already emitted are late (:mod:`millstream.event_time.late`).
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._state: _State | None = None
         self._pending: _State | None = None
-        self.late_rows = 0
+        self._late = LateRows(self.spec.index)
+        self._idle: IdlePartitions | None = None
 
     def _space(self, *rest: object) -> tuple[object, ...]:
         return own_key(self.spec.index, *rest)
@@ -108,20 +108,21 @@ class PaneReducer(Reducer, UsesPanes):
         panes = self.panes
         plan = Plan.of(panes)
         state = self._current(txn, plan)
+        self._late.begin(txn)
         table = pa.Table.from_batches([batch])
         is_mark = pc.is_valid(table[PARTITION])
         marks_rows = table.filter(is_mark)
-        partials = table.filter(pc.invert(is_mark)).drop_columns([PARTITION, WATERMARK])
+        partials = table.filter(pc.invert(is_mark))
         kind = state.kind or table.schema.field(WATERMARK).type
         size, _, lateness = panes.ticks(kind)
         # Panes closed so far are exactly those the last committed close passed.
         closed_before = state.closed
-        late = 0
         if closed_before is not None and partials.num_rows:
-            ends = pc.add(partials[START], size + lateness)
-            keep = pc.greater(ends, closed_before)
-            late = partials.num_rows - pc.sum(keep).as_py() if partials.num_rows else 0
-            partials = partials.filter(keep)
+            keep = pc.greater(pc.add(partials[START], size + lateness), closed_before)
+            if not pc.all(keep).as_py():
+                self._late.count(txn, partials.filter(pc.invert(keep)), panes, plan, kind)
+                partials = partials.filter(keep)
+        partials = partials.select([START, plan.key, *plan.names])
         marks = dict(state.marks)
         if marks_rows.num_rows:
             got = marks_rows.group_by(PARTITION, use_threads=False).aggregate([(WATERMARK, "max")])
@@ -160,23 +161,25 @@ class PaneReducer(Reducer, UsesPanes):
             schema = merged.schema.append(pa.field(WATERMARK, kind))
             txn.set(self._space("schema"), schema.serialize().to_pybytes())
         txn.set(self._space("watermarks"), store_layout.pack_marks(marks))
-        if late:
-            txn.add(self._space("late"), late)
         if watermark is not None and watermark != state.closed:
             txn.set(self._space("closed"), pack((watermark,)))
         self._pending = _State(still_open, marks, kind, watermark)
-        self.late_rows += late
 
     def _watermark(self, marks: dict[int, int]) -> int | None:
-        """The smallest latest event time over the partitions that may still send rows
-        (None while one of them has reported nothing); past every pane once all drained."""
-        drained = self.drained_partitions
-        waiting = [p for p in range(self.spec.num_partitions) if p not in drained]
-        if not waiting:
-            return _END_OF_TIME
-        if any(p not in marks for p in waiting):
-            return None
-        return min(marks[p] for p in waiting)
+        """The watermark over the partitions that have not drained (None: unknown yet)."""
+        if self._idle is None:
+            self._idle = IdlePartitions(self.panes.idle_seconds)
+        return watermark(marks, self.spec.num_partitions, self.drained_partitions, self._idle)
+
+    @property
+    def late_rows(self) -> int:
+        """The late rows this reducer's commits counted, as of its last commit (0 before
+        its first batch)."""
+        return self._late.committed or 0
+
+    def figures(self) -> Mapping[str, int]:
+        """``late_rows``: the late rows this reducer's commits counted."""
+        return self._late.figures()
 
     def _emit(self, txn: Transaction, results: pa.Table) -> None:
         txn.emit(self.panes.output, results)
@@ -184,6 +187,7 @@ class PaneReducer(Reducer, UsesPanes):
     def on_commit(self) -> None:
         if self._pending is not None:
             self._state, self._pending = self._pending, None
+        self._late.on_commit()
 
     @classmethod
     def on_rescale(cls, txn: Transaction, old_reducers: int, new_reducers: int) -> None:
@@ -211,33 +215,10 @@ class PaneReducer(Reducer, UsesPanes):
             self._emit(txn, finish(state.open, panes, plan, state.kind))
             for g in self.spec.key_group_range:
                 txn.clear_prefix(partials_key(g))
-        txn.set(self._space("closed"), pack((_END_OF_TIME,)))
+        txn.set(self._space("closed"), pack((END_OF_TIME,)))
         self._pending = _State(
             None if state.open is None else state.open.slice(0, 0),
             state.marks,
             state.kind,
-            _END_OF_TIME,
+            END_OF_TIME,
         )
-
-
-class _Job(Protocol):
-    """What :func:`late_rows` reads of a processor: where its store is, and its reducers."""
-
-    @property
-    def store(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def num_reducers(self) -> int: ...
-
-
-def late_rows(processor: _Job) -> int:
-    """Rows the processor's pane reducers dropped because their pane had been emitted."""
-    with (
-        open_store(processor.store, prefix=processor_prefix(processor.name)) as store,
-        store.read() as txn,
-    ):
-        raw = [txn.get((*OUTPUT, *own_key(r, "late"))) for r in range(processor.num_reducers)]
-    return sum(decode_int64(value) for value in raw if value is not None)

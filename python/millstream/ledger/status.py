@@ -37,7 +37,8 @@ def read_status(
     commit rate), recent rows/s and the window. Reducers: commits, rows, recent rows/s,
     seconds since the last commit, the committed row indices and ``time_shares``: of its
     recent time, the share in store transactions, in the user's ``reduce`` and waiting for
-    the mappers' answers (:data:`REDUCER_ACTIVITIES`). A worker is ``alive``
+    the mappers' answers (:data:`REDUCER_ACTIVITIES`), and ``late_rows`` (event-time
+    pane reducers: rows committed as late; None for other reducers). A worker is ``alive``
     when its discovery entry's heartbeat is younger than ten ``heartbeat`` periods.
     """
     info = read_processor_info(txn)
@@ -88,6 +89,7 @@ def read_status(
                 "bytes_per_second": _float(s, "bytes_fetched") / uptime if uptime else 0.0,
                 "seconds_since_commit": now - last_commit if last_commit else None,
                 "committed_row_indices": list(committed),
+                "late_rows": int(_float(s, "late_rows")) if "late_rows" in s else None,
                 "time_shares": {
                     activity: _float(s, f"seconds_{activity}_per_second")
                     for activity in REDUCER_ACTIVITIES

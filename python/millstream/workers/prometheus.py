@@ -100,7 +100,12 @@ _GAUGES = {
             "Input rows whose effects are committed and persisted.",
         ),
     },
-    "reducer": {},
+    "reducer": {
+        "late_rows": (
+            "millstream_late_rows",
+            "Input rows event-time pane reducers committed as late (their pane was emitted).",
+        ),
+    },
 }
 
 

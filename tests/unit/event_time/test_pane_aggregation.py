@@ -80,8 +80,7 @@ def _run(
         tuning=ms.Tuning(batch_rows=500),
     )
     run_in_process(processor)
-    if reducer is ms.event_time.PaneReducer:  # the pending reducer does not count them
-        assert ms.event_time.late_rows(processor) == late
+    assert ms.event_time.late_rows(processor) == late
     return sink.read().sort_by([("window_start", "ascending"), ("key", "ascending")])
 
 

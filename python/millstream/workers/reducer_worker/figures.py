@@ -10,9 +10,11 @@ class ReducerFigures(ReducerInstance):
     """The reducer's status figures (a part of :class:`ReducerWorker`)."""
 
     def metrics(self) -> dict[str, float | int | str]:
-        """Status figures for ``millstream status``."""
+        """Status figures for ``millstream status`` (the user reducer's own first, so that
+        they cannot hide the worker's)."""
         committed = self.last_state.committed_row_indices if self.last_state else ()
         return {
+            **self.user.figures(),
             "guid": self.guid,
             "commits": self.commits,
             "rows_reduced": self.rows_reduced,
