@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from millstream.ledger.dead_letters import dead_letter_counts
 from millstream.ledger.discovery import Metric, freshest_workers, list_workers, read_statuses
 from millstream.ledger.mapper import read_mapper_state
 from millstream.ledger.processor_record import read_processor_info
@@ -37,7 +38,8 @@ def read_status(
     commit rate), recent rows/s and the window. Reducers: commits, rows, recent rows/s,
     seconds since the last commit, the committed row indices and ``time_shares``: of its
     recent time, the share in store transactions, in the user's ``reduce`` and waiting for
-    the mappers' answers (:data:`REDUCER_ACTIVITIES`). A worker is ``alive``
+    the mappers' answers (:data:`REDUCER_ACTIVITIES`). Both: ``dead_letters``, the rows
+    set aside as dead letters (as the store counts them: each once). A worker is ``alive``
     when its discovery entry's heartbeat is younger than ten ``heartbeat`` periods.
     """
     info = read_processor_info(txn)
@@ -46,6 +48,7 @@ def read_status(
     statuses = read_statuses(txn)
     live_mappers = freshest_workers(list_workers(txn, "mapper"))
     live_reducers = freshest_workers(list_workers(txn, "reducer"))
+    dead = dead_letter_counts(txn)
     now = time.time()
     stale = 10 * heartbeat
     mappers = []
@@ -69,6 +72,7 @@ def read_status(
                 "window_rows": int(_float(s, "window_rows")),
                 "window_bytes": int(_float(s, "window_bytes")),
                 "memory_limit_bytes": int(_float(s, "memory_limit_bytes")),
+                "dead_letters": dead.get(("map", m), 0),
                 "last_error": str(s.get("last_error", "")),
             }
         )
@@ -88,6 +92,7 @@ def read_status(
                 "bytes_per_second": _float(s, "bytes_fetched") / uptime if uptime else 0.0,
                 "seconds_since_commit": now - last_commit if last_commit else None,
                 "committed_row_indices": list(committed),
+                "dead_letters": dead.get(("reduce", r), 0),
                 "time_shares": {
                     activity: _float(s, f"seconds_{activity}_per_second")
                     for activity in REDUCER_ACTIVITIES
@@ -102,4 +107,5 @@ def read_status(
         "time": now,
         "mappers": mappers,
         "reducers": reducers,
+        "dead_letters": sum(dead.values()),
     }

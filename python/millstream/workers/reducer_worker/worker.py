@@ -167,7 +167,7 @@ class ReducerWorker(PlainRound, ReducerFigures):
             try:
                 committed = self.run_once()
             except UserCodeError as exc:
-                if t.on_user_error == "stop":
+                if t.on_user_error != "retry":
                     raise
                 self._note_error("reduce", exc)
                 self.clock.sleep(backoff.next(), stop)
