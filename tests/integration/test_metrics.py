@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 import millstream as ms
@@ -21,7 +20,6 @@ from millstream.exceptions import ConfigurationError
 from millstream.ledger import summarize
 from millstream.runner.local import LocalRunner
 from millstream.workers.prometheus import COMMIT_SECONDS_BUCKETS
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.jobs import (
     PassThroughMapper,
@@ -30,13 +28,12 @@ from tests.support.jobs import (
     tuning,
     write_keyed_input,
 )
+from tests.support.metrics import scrape, total
 from tests.support.readme import JOB, ROOT, write_data
 from tests.support.sockets import listening_hosts
 
 ROWS = 20_000
 PER_PARTITION = ROWS // 2
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 class SlowPassThroughMapper(PassThroughMapper):
@@ -45,26 +42,6 @@ class SlowPassThroughMapper(PassThroughMapper):
     def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
         time.sleep(0.1)
         return super().map(batch)
-
-
-def scrape(port: int) -> Samples:
-    """Every sample the endpoint serves, by name and labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """Sum of the samples named ``name`` whose labels include ``labels``."""
-    return sum(
-        value
-        for (sample, have), value in samples.items()
-        if sample == name and set(labels.items()) <= set(have)
-    )
 
 
 def _unreachable(port: int) -> bool:

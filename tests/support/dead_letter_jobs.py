@@ -9,6 +9,7 @@ that poison ``map`` (:data:`MAP_POISON`) and those that poison ``reduce``
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import millstream as ms
@@ -34,6 +35,16 @@ class PoisonedPassThrough(ms.Mapper):
         if len(poison):
             raise ValueError(f"map cannot take value {poison[0].as_py()}")
         return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
+
+
+class SlowPoisonedPassThrough(PoisonedPassThrough):
+    """:class:`PoisonedPassThrough` that sleeps ``config["map_seconds"]`` per 2,000 rows
+    (bisection's calls on parts of a batch sleep their part): a run long enough to be
+    killed at every stage."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        time.sleep(float(self.config.get("map_seconds", 0.0)) * batch.num_rows / 2_000)
+        return super().map(batch)
 
 
 class PoisonedSum(ms.Reducer):
