@@ -12,6 +12,12 @@ records are written, in a transaction that checks the persisted state (split bra
 the good rows enter the window: the persisted input index cannot pass a batch whose dead
 letters are not in the store. If that write fails, nothing of the batch enters the window
 and the batch is read and mapped again.
+
+Keyed writes rather than the transaction that persists the input index past the batch:
+that one comes a trim period later (when reducers have committed the batch's rows), so the
+records would wait in memory meanwhile and the trim transaction, which every batch goes
+through, would carry them; keyed, they land at once (``millstream status`` shows them while
+the batch is in flight) and the happy path is untouched.
 """
 
 from __future__ import annotations
