@@ -269,6 +269,8 @@ def _dead_letters(args: argparse.Namespace) -> int:
     from millstream.ledger.dead_letters import read_dead_letters
     from millstream.state import open_store
 
+    if args.limit < 0:
+        raise MillstreamError(f"--limit must be 0 (all) or more, got {args.limit}")
     store = open_store(args.store, prefix=(args.prefix,))
     try:
         with store.read() as txn:

@@ -125,3 +125,5 @@ def test_status_metrics_and_the_command_show_the_dead_letters(
     assert "reduce cannot take value" in shown.out
     assert "2 dead letters" in shown.err
     assert main(["dead-letters", processor.store, "--prefix", "nobody"]) == 1
+    assert main([*args, "--limit", "-1"]) == 2
+    assert "--limit must be 0 (all) or more" in capsys.readouterr().err
