@@ -11,7 +11,9 @@ import millstream as ms
 import pyarrow as pa
 import pytest
 from millstream.exceptions import DeadLetterCapError, UserCodeError
+from millstream.ledger import reduced_key
 from millstream.ledger.dead_letters import dead_letter_counts, read_dead_letters
+from millstream.state import decode_int64
 from millstream.testing import MemoryInput, run_in_process
 
 from tests.support.dead_letter_jobs import (
@@ -135,11 +137,19 @@ class CountingPassThrough(PoisonedPassThrough):
         return super().map(batch)
 
 
+class CountingSum(PoisonedSum):
+    calls = 0
+
+    def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        type(self).calls += 1
+        super().reduce(batch, txn)
+
+
 def test_batches_that_do_not_raise_cost_one_call_each(tmp_path: Path) -> None:
     table = pa.table({"key": pa.array(range(900), pa.int64()), "value": [1] * 900})
     p = ms.Processor(
         mapper=CountingPassThrough,
-        reducer=PoisonedSum,
+        reducer=CountingSum,
         input=MemoryInput([table]),
         store=f"sqlite:///{tmp_path / 'state.db'}",
         num_reducers=1,
@@ -147,6 +157,10 @@ def test_batches_that_do_not_raise_cost_one_call_each(tmp_path: Path) -> None:
     )
     run_in_process(p)
     assert CountingPassThrough.calls == 3
+    with p.open_store() as store, store.read() as txn:
+        raw = txn.get(reduced_key(0, "commits"))
+    assert raw is not None
+    assert CountingSum.calls == decode_int64(raw) > 0  # one reduce per commit, none to bisect
     assert letters_of(p) == []
 
 
