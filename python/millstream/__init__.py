@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from millstream.api import Mapper, Partitioned, Reducer, Transaction, WorkerSpec
     from millstream.inputs.base import Input, PartitionReader, ReadResult
     from millstream.ledger import RunSummary
+    from millstream.ledger.dead_letters import DeadLetter, read_dead_letters
     from millstream.processor import Processor
     from millstream.queue_reducer import PendingRows, QueueReducer
     from millstream.runner.local import run_local
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from millstream.tuning import RestartStrategy, Tuning
 
 _WHERE = {
+    "DeadLetter": "millstream.ledger.dead_letters",
     "Input": "millstream.inputs.base",
     "Mapper": "millstream.api",
     "PartitionReader": "millstream.inputs.base",
@@ -64,6 +66,7 @@ _WHERE = {
     "run_local": "millstream.runner.local",
     "run_local_pipeline": "millstream.runner.pipeline",
     "rescale": "millstream.runner.rescaler",
+    "read_dead_letters": "millstream.ledger.dead_letters",
     "__version__": "millstream._core",
 }
 _SUBMODULES = ("event_time", "exceptions", "inputs", "outputs")
@@ -86,6 +89,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DeadLetter",
     "Input",
     "Mapper",
     "PartitionReader",
@@ -107,6 +111,7 @@ __all__ = [
     "exceptions",
     "inputs",
     "outputs",
+    "read_dead_letters",
     "rescale",
     "run_local",
     "run_local_pipeline",

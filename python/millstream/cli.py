@@ -1,5 +1,5 @@
-"""The ``millstream`` command: run a processor, show a running one's status, or serve the
-metrics its workers write."""
+"""The ``millstream`` command: run a processor, show a running one's status or its dead
+letters, or serve the metrics its workers write."""
 
 from __future__ import annotations
 
@@ -237,6 +237,13 @@ def render_status(status: dict[str, Any]) -> str:
     if late:
         lines.append(f"late rows (their pane was emitted already): {sum(late):,}")
     lines.extend(f"last error of {line}" for line in errors)
+    if status["dead_letters"]:
+        lines.append(
+            f"{status['dead_letters']:,} dead letters "
+            f"(map: {sum(m['dead_letters'] for m in status['mappers']):,}, "
+            f"reduce: {sum(r['dead_letters'] for r in status['reducers']):,}); "
+            "list them with `millstream dead-letters`"
+        )
     return "\n".join(lines)
 
 
@@ -258,6 +265,50 @@ def _status(args: argparse.Namespace) -> int:
         if not args.watch:
             return 0
         time.sleep(args.watch)
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    from millstream.ledger import read_processor_info
+    from millstream.ledger.dead_letters import read_dead_letters
+    from millstream.state import open_store
+
+    if args.limit < 0:
+        raise MillstreamError(f"--limit must be 0 (all) or more, got {args.limit}")
+    store = open_store(args.store, prefix=(args.prefix,))
+    try:
+        with store.read() as txn:
+            if read_processor_info(txn) is None:
+                print(f"no processor under prefix {args.prefix!r} in {args.store}")
+                return 1
+            letters = read_dead_letters(txn, args.stage, limit=args.limit)
+    finally:
+        store.close()
+    for letter in letters:
+        record = {
+            "stage": letter.stage,
+            "partition": letter.partition,
+            "index": letter.index,
+            "position": letter.position,
+            "reducer": letter.reducer,
+            "error": letter.error,
+            "row": letter.row.to_pylist()[0],
+        }
+        if args.json:
+            print(json.dumps(record, default=str))
+            continue
+        where = (
+            f"input row {letter.index}"
+            if letter.stage == "map"
+            else f"reducer {letter.reducer}, row {letter.position} of the fetch from "
+            f"shuffle index {letter.index}"
+        )
+        print(
+            f"{letter.stage} partition {letter.partition} {where}: {record['row']}\n"
+            f"    {letter.error}"
+        )
+    if not args.json:
+        print(f"{len(letters)} dead letters", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,6 +388,16 @@ def main(argv: list[str] | None = None) -> int:
         help="refresh every SECONDS (default 2) until interrupted",
     )
     status.set_defaults(func=_status)
+    dead = sub.add_parser(
+        "dead-letters",
+        help="list the rows map or reduce raised on (Tuning(on_user_error='dead_letter'))",
+    )
+    dead.add_argument("store", help="store URL, e.g. sqlite:///tmp/state.db")
+    dead.add_argument("--prefix", default="millstream", help="the processor's name")
+    dead.add_argument("--stage", choices=("map", "reduce"), help="only this stage's")
+    dead.add_argument("--limit", type=int, default=0, help="at most this many (0: all)")
+    dead.add_argument("--json", action="store_true", help="one JSON object per dead letter")
+    dead.set_defaults(func=_dead_letters)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -98,6 +98,12 @@ class UserCodeError(MillstreamError):
     """The user's ``map`` or ``reduce`` raised; the message names the worker and row range."""
 
 
+class DeadLetterCapError(UserCodeError):
+    """More rows became dead letters than ``Tuning.dead_letter_max_rows`` or
+    ``dead_letter_max_share`` allow: the run stops anyway, committing nothing of the batch
+    that went past the cap."""
+
+
 class CrashLoopError(MillstreamError):
     """A worker died more often than the restart strategy allows; names its last error."""
 
@@ -158,6 +164,7 @@ __all__ = [
     "CommittedIndexError",
     "ConfigurationError",
     "CrashLoopError",
+    "DeadLetterCapError",
     "DuplicateSequenceError",
     "InputError",
     "KeyTooLargeError",

@@ -185,9 +185,19 @@ class Processor:
                 "tuning.get_rows_wait_seconds must be between 0 and rpc_timeout_seconds "
                 f"({t.rpc_timeout_seconds}), got {t.get_rows_wait_seconds}"
             )
-        if t.on_user_error not in ("stop", "retry"):
+        if t.on_user_error not in ("stop", "retry", "dead_letter"):
             raise ConfigurationError(
-                f"tuning.on_user_error must be 'stop' or 'retry', got {t.on_user_error!r}"
+                "tuning.on_user_error must be 'stop', 'retry' or 'dead_letter', "
+                f"got {t.on_user_error!r}"
+            )
+        if t.dead_letter_max_rows is not None and t.dead_letter_max_rows < 0:
+            raise ConfigurationError(
+                f"tuning.dead_letter_max_rows must be >= 0 or None, got {t.dead_letter_max_rows}"
+            )
+        if t.dead_letter_max_share is not None and not 0 <= t.dead_letter_max_share <= 1:
+            raise ConfigurationError(
+                "tuning.dead_letter_max_share must be in [0, 1] or None, "
+                f"got {t.dead_letter_max_share}"
             )
         r = t.restart
         if r.max_restarts < 0 or r.interval_seconds <= 0 or r.backoff_seconds < 0:

@@ -171,7 +171,20 @@ class Tuning:
             about as long as a commit (remote mappers, large rows).
         on_user_error: ``"stop"``: a ``map`` or ``reduce`` that raises stops the worker
             (and a local run) with the row range in the error; ``"retry"``: the worker logs
-            it, backs off and retries the same rows.
+            it, backs off and retries the same rows; ``"dead_letter"``: the batch is
+            bisected down to the rows the code raises on alone, which go to the store's
+            dead-letter queue once each (``millstream dead-letters``), and the rest go on
+            (:mod:`millstream.ledger.dead_letters`). A batch that raises costs about
+            ``2 k log2(n / k)`` more calls for ``k`` bad rows of ``n``; one that does not
+            raise costs nothing more. A ``QueueReducer``'s ``process`` is not bisected:
+            its errors stop the run.
+        dead_letter_max_rows: With ``"dead_letter"``, the most dead letters the processor
+            may hold (both stages, all workers): a batch that would take it past them
+            stops the run with :class:`~millstream.exceptions.DeadLetterCapError`, nothing
+            of that batch committed. None: no limit.
+        dead_letter_max_share: With ``"dead_letter"``, the largest share of a worker's
+            rows (a mapper's input rows, a reducer's rows) that may be dead letters, from
+            its first batch on; past it the run stops as above. None: no limit.
         restart: How the local runner restarts dead workers and when it gives up; see
             :class:`RestartStrategy`. The Spark runner leaves single failures to Spark's
             task retries and applies it to jobs: one that failed (a task failed
@@ -208,7 +221,9 @@ class Tuning:
     plaintext_get_rows: bool = False
     acknowledge_commits: bool = True
     pipeline_fetch: bool = False
-    on_user_error: Literal["stop", "retry"] = "stop"
+    on_user_error: Literal["stop", "retry", "dead_letter"] = "stop"
+    dead_letter_max_rows: int | None = 1_000
+    dead_letter_max_share: float | None = None
     restart: RestartStrategy = field(default_factory=RestartStrategy)
 
 

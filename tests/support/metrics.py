@@ -1,4 +1,5 @@
-"""Prometheus metrics as a test reads them: every sample a runner's endpoint serves."""
+"""Prometheus metrics as a test reads them: every sample an endpoint serves, and sums of
+samples by name and labels."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ through these modules, never through each other:
   marker, totals;
 - :mod:`.reducer`: a reducer's committed row indices and totals;
 - :mod:`.spill`: rows spilled for reducers that fell behind (straggler spill);
+- :mod:`.dead_letters`: rows ``map`` or ``reduce`` raised on, set aside with the error;
 - :mod:`.discovery`: live workers' entries and their published metrics;
 - :mod:`.processor_record`: the processor's counts, key groups and fingerprint, and the
   check that a store holds this processor;

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from millstream.ledger.dead_letters import dead_letter_counts
 from millstream.ledger.discovery import Metric, freshest_workers, list_workers, read_statuses
 from millstream.ledger.mapper import read_mapper_state
 from millstream.ledger.processor_record import read_processor_info
@@ -38,8 +39,10 @@ def read_status(
     seconds since the last commit, the committed row indices and ``time_shares``: of its
     recent time, the share in store transactions, in the user's ``reduce`` and waiting for
     the mappers' answers (:data:`REDUCER_ACTIVITIES`), and ``late_rows`` (event-time
-    pane reducers: rows committed as late; None for other reducers). A worker is ``alive``
-    when its discovery entry's heartbeat is younger than ten ``heartbeat`` periods.
+    pane reducers: rows committed as late; None for other reducers). Both: ``dead_letters``,
+    the rows set aside as dead letters (as the store counts them: each once). A worker is
+    ``alive`` when its discovery entry's heartbeat is younger than ten ``heartbeat``
+    periods.
     """
     info = read_processor_info(txn)
     if info is None:
@@ -47,6 +50,7 @@ def read_status(
     statuses = read_statuses(txn)
     live_mappers = freshest_workers(list_workers(txn, "mapper"))
     live_reducers = freshest_workers(list_workers(txn, "reducer"))
+    dead = dead_letter_counts(txn)
     now = time.time()
     stale = 10 * heartbeat
     mappers = []
@@ -70,6 +74,7 @@ def read_status(
                 "window_rows": int(_float(s, "window_rows")),
                 "window_bytes": int(_float(s, "window_bytes")),
                 "memory_limit_bytes": int(_float(s, "memory_limit_bytes")),
+                "dead_letters": dead.get(("map", m), 0),
                 "last_error": str(s.get("last_error", "")),
             }
         )
@@ -90,6 +95,7 @@ def read_status(
                 "seconds_since_commit": now - last_commit if last_commit else None,
                 "committed_row_indices": list(committed),
                 "late_rows": int(_float(s, "late_rows")) if "late_rows" in s else None,
+                "dead_letters": dead.get(("reduce", r), 0),
                 "time_shares": {
                     activity: _float(s, f"seconds_{activity}_per_second")
                     for activity in REDUCER_ACTIVITIES
@@ -104,4 +110,5 @@ def read_status(
         "time": now,
         "mappers": mappers,
         "reducers": reducers,
+        "dead_letters": sum(dead.values()),
     }

@@ -8,6 +8,8 @@ and the subspaces under it.
   of reducer ``r`` (:mod:`.reducer`).
 - ``SYSTEM + ("workers", role, index, guid)``, ``("registrations", role)``,
   ``("status", role, index)``: discovery entries and worker metrics (:mod:`.discovery`).
+- ``SYSTEM + ("dead-letter", stage, ...)``, ``("dead-letter-count", stage, worker)``: rows
+  ``map`` or ``reduce`` raised on, and how many per worker (:mod:`.dead_letters`).
 - ``SYSTEM + ("processor",)``: counts and fingerprint of the processor
   (:mod:`.processor_record`); ``SYSTEM + ("rescale",)``: an unfinished rescale
   (:mod:`.rescale`).

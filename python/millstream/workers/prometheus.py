@@ -57,6 +57,10 @@ _COUNTERS = {
             "Rows written to the store for reducers that fell behind (straggler spill).",
         ),
         "bytes_spilled": ("millstream_bytes_spilled", "Arrow bytes of the spilled rows."),
+        "dead_letters": (
+            "millstream_dead_letters",
+            "Rows map or reduce raised on, set aside as dead letters (mapper replays count again).",
+        ),
     },
     "reducer": {
         "split_brains": (
@@ -70,6 +74,10 @@ _COUNTERS = {
         "files_published": (
             "millstream_files_published",
             "Parquet files reducers published to output sinks in their commits.",
+        ),
+        "dead_letters": (
+            "millstream_dead_letters",
+            "Rows map or reduce raised on, set aside as dead letters (mapper replays count again).",
         ),
         "seconds_store": (
             "millstream_reducer_store_seconds",

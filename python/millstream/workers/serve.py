@@ -64,7 +64,8 @@ def run_worker(
         ConfigurationError: The store holds a processor with other counts or classes, or
             a mapper would serve plaintext GetRows beyond loopback without
             ``Tuning.plaintext_get_rows`` (:func:`~millstream.rpc.address.check_exposure`).
-        UserCodeError: The user's ``map`` or ``reduce`` raised (``on_user_error="stop"``).
+        UserCodeError: The user's ``map`` or ``reduce`` raised (``on_user_error="stop"``;
+            with ``"dead_letter"``: on rows together but none alone, or past the cap).
         MillstreamError: Other failures, with what to do.
     """
     check_role(role)

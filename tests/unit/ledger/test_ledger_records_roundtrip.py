@@ -20,6 +20,8 @@ that covers it:
   :func:`test_spilled_rows_read_back_as_the_window_held_them`;
 - discovery entries ``("workers", role, i, guid)``, registrations and statuses
   ``("status", role, i)``: :func:`test_discovery_entries_and_statuses_read_back`;
+- dead letters ``("dead-letter", stage, ...)`` and their counters
+  ``("dead-letter-count", stage, worker)``: ``tests/unit/ledger/test_dead_letter_records.py``;
 - event-time pane partials ``("~windows", "partial", g, start, key)``:
   ``tests/unit/event_time/test_partials_roundtrip.py``;
 - the pane reducers' own records ``("~windows", r, what)`` (watermarks, the close,

@@ -38,10 +38,10 @@ from millstream.ledger.spill import spilled_through
 from millstream.rpc.calls import max_payload_bytes
 from millstream.schema_unification import concat, conform, unify
 from millstream.state import StoreTransaction, pack, unpack
-from millstream.workers.mapper_worker.instance import MapperInstance
+from millstream.workers.mapper_worker.map_dead_letters import MapDeadLetters
 
 
-class Ingestion(MapperInstance):
+class Ingestion(MapDeadLetters):
     """The mapper's ingestion steps (a part of :class:`MapperWorker`)."""
 
     def start_ingestion(self) -> None:
@@ -172,10 +172,16 @@ class Ingestion(MapperInstance):
         try:
             mapped = self.user.map(batch)
         except Exception as exc:
-            raise UserCodeError(
-                f"map of mapper {self.index} raised on input rows [{begin}, {end}): {exc!r}. "
-                "Nothing of these rows was sent; fix the mapper and restart the processor"
-            ) from exc
+            if self.tuning.on_user_error != "dead_letter":
+                raise UserCodeError(
+                    f"map of mapper {self.index} raised on input rows [{begin}, {end}): "
+                    f"{exc!r}. Nothing of these rows was sent; fix the mapper and restart "
+                    "the processor"
+                ) from exc
+            # Every row a dead letter: the window moves past them all the same.
+            mapped = self.map_around_dead_letters(batch, begin, exc) or Partitioned(
+                _EMPTY, _EMPTY_INDICES
+            )
         if not isinstance(mapped, Partitioned):
             raise UserCodeError(
                 f"map of mapper {self.index} returned {type(mapped).__name__} for input rows "

@@ -64,6 +64,8 @@ class MapperInstance(WindowService):
         self.rows_shuffled = 0
         self.batches = 0
         self._batches_unpersisted = 0
+        self.dead_letters = 0
+        """Rows of this instance's batches set aside as dead letters (replays count again)."""
         self.started_at = clock.now()
         self.errors = 0
         self.last_error = ""

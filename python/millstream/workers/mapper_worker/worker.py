@@ -51,6 +51,7 @@ class MapperWorker(Ingestion, StragglerSpill, InputTrim, MapperDrain):
             "rows_read": self.rows_read,
             "rows_shuffled": self.rows_shuffled,
             "batches": self.batches,
+            "dead_letters": self.dead_letters,
             "input_end_row_index": window.input_end_row_index if window else 0,
             "input_unread_row_index": window.input_unread_row_index if window else 0,
             "persisted_input_unread_row_index": self.persisted.input_unread_row_index,
@@ -74,7 +75,8 @@ class MapperWorker(Ingestion, StragglerSpill, InputTrim, MapperDrain):
 
         Store errors skip to the next iteration after a back-off (thesis 4.3.3 step 3);
         split brain restarts ingestion from the persisted state after a delay. A ``map``
-        that raises stops the worker (``on_user_error="stop"``) or is retried.
+        that raises stops the worker (``on_user_error="stop"``; with ``"dead_letter"``, one
+        that cannot be split into dead letters or passes their cap) or is retried.
 
         At least once, a split brain ends the worker instead: an instance superseded by a
         newer one returns (the newer one goes on), and any other split brain is raised, so
@@ -97,7 +99,7 @@ class MapperWorker(Ingestion, StragglerSpill, InputTrim, MapperDrain):
                     raise
                 self.clock.sleep(t.split_brain_delay_seconds, stop)
             except UserCodeError as exc:
-                if t.on_user_error == "stop":
+                if t.on_user_error != "retry":
                     raise
                 self._note_error(exc)
                 self.clock.sleep(backoff.next(), stop)

@@ -23,6 +23,7 @@ class ReducerFigures(ReducerInstance):
             "superseded_fetches": self.superseded_fetches,
             "rows_emitted": self.rows_emitted,
             "files_published": self.files_published,
+            "dead_letters": self.dead_letters,
             "renewals": self.renewals,
             **self.time_spent.figures(),
             "committed_row_indices": ",".join(map(str, committed)),

@@ -69,6 +69,8 @@ class ReducerInstance:
         """Rows appended to output queues by committed transactions."""
         self.files_published = 0
         """Files published to output sinks by committed transactions."""
+        self.dead_letters = 0
+        """Rows committed as dead letters (``on_user_error="dead_letter"``)."""
         self.last_state: ReducerState | None = None
         self.all_drained = False
         self.rescaling = False

@@ -5,19 +5,25 @@ from __future__ import annotations
 import dataclasses
 
 from millstream.api import Transaction
-from millstream.exceptions import TransactionTooLargeError, TransactionTooOldError
+from millstream.exceptions import (
+    DeadLetterCapError,
+    TransactionTooLargeError,
+    TransactionTooOldError,
+    UserCodeError,
+)
 from millstream.ledger import ReducerState, WorkerInfo
+from millstream.ledger.dead_letters import DeadLetter
 from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import GetRowsResult, NotAnsweredYet
 from millstream.state import StoreTransaction
-from millstream.workers.reducer_worker.commit import ReducerCommit
 from millstream.workers.reducer_worker.fetch import Fetching
 from millstream.workers.reducer_worker.ipc_decode import decode_rows
+from millstream.workers.reducer_worker.reduce_dead_letters import Origin, ReduceDeadLetters
 from millstream.workers.reducer_worker.round_record import Round
 from millstream.workers.reducer_worker.spill_reads import SpillReads
 
 
-class PlainRound(Fetching, SpillReads, ReducerCommit):
+class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
     """The plain reducer's round (a part of :class:`ReducerWorker`)."""
 
     def _run_plain_round(self, state: ReducerState, live: dict[int, WorkerInfo]) -> bool:
@@ -26,6 +32,9 @@ class PlainRound(Fetching, SpillReads, ReducerCommit):
         and commit. Returns whether a batch was committed.
 
         Mappers that fail to answer are skipped this round (their committed index stays).
+        With ``on_user_error="dead_letter"``, a ``reduce`` that raises is bisected and the
+        round committed again without the rows it raises on, with their dead letters
+        (:mod:`.reduce_dead_letters`).
         """
         calls = self._round_calls(state, live)
         if not calls and not self._spill_pending:
@@ -49,6 +58,7 @@ class PlainRound(Fetching, SpillReads, ReducerCommit):
         payloads: list[bytes] = []
         ranges: list[str] = []
         senders: list[int] = []
+        counts: list[int] = []
         for call, result in zip(calls, results, strict=True):
             if isinstance(result, NotAnsweredYet):
                 continue  # still under way: its answer is used in a later round
@@ -60,6 +70,7 @@ class PlainRound(Fetching, SpillReads, ReducerCommit):
             new[call.mapper_index] = result.last_shuffle_row_index
             payloads.append(result.arrow_ipc)
             senders.append(call.mapper_index)
+            counts.append(result.row_count)
             ranges.append(
                 f"mapper {call.mapper_index} shuffle rows "
                 f"({call.committed_row_index}, {result.last_shuffle_row_index}]"
@@ -73,7 +84,7 @@ class PlainRound(Fetching, SpillReads, ReducerCommit):
         for m, (_, last, size) in spilled.items():
             if m in senders:
                 at = senders.index(m)
-                del senders[at], payloads[at], ranges[at]
+                del senders[at], payloads[at], ranges[at], counts[at]
             new[m] = last
             ranges.append(
                 f"mapper {m} spilled shuffle rows ({state.committed_row_indices[m]}, {last}]"
@@ -96,18 +107,43 @@ class PlainRound(Fetching, SpillReads, ReducerCommit):
                 ]
             )
 
+        rows = batch.num_rows
+        what = f"reduce of reducer {self.index} raised on {rows} rows ({'; '.join(ranges)})"
+        letters: list[DeadLetter] = []
+
         def reduce(txn: StoreTransaction, outputs: StagedOutputs) -> Round:
-            self._user_code(
-                lambda: self.user.reduce(batch, Transaction(txn, outputs)),
-                f"reduce of reducer {self.index} raised on {batch.num_rows} rows "
-                f"({'; '.join(ranges)})",
-            )
-            return Round(ReducerState(tuple(new)), batch.num_rows, consumed)
+            if batch.num_rows:
+                self._user_code(lambda: self.user.reduce(batch, Transaction(txn, outputs)), what)
+            if letters:
+                self.record_reduce_dead_letters(txn, letters, rows)
+            return Round(ReducerState(tuple(new)), rows, consumed)
 
         try:
-            committed = self._reduce_and_commit(
-                state, reduce, sum(map(len, payloads)), {m: served_by[m] for m in senders}
-            )
+            while True:
+                try:
+                    committed = self._reduce_and_commit(
+                        state, reduce, sum(map(len, payloads)), {m: served_by[m] for m in senders}
+                    )
+                    break
+                except UserCodeError as exc:
+                    if (
+                        self.tuning.on_user_error != "dead_letter"
+                        or letters
+                        or isinstance(exc, DeadLetterCapError)
+                        or exc.__cause__ is None
+                    ):
+                        raise
+                    origins: list[Origin] = [
+                        (m, state.committed_row_indices[m] + 1, part.num_rows)
+                        for m, (part, _, _) in spilled.items()
+                    ]
+                    origins += [
+                        (m, state.committed_row_indices[m] + 1, count)
+                        for m, count in zip(senders, counts, strict=True)
+                    ]
+                    batch, letters = self.split_off_dead_letters(
+                        batch, origins, exc.__cause__, what
+                    )
         except (TransactionTooLargeError, TransactionTooOldError) as exc:
             if batch.num_rows <= 1 and isinstance(exc, TransactionTooLargeError):
                 raise TransactionTooLargeError(
@@ -133,6 +169,7 @@ class PlainRound(Fetching, SpillReads, ReducerCommit):
             self._note_error("commit", exc)
             return False
         if committed:
+            self.dead_letters += len(letters)
             # The user hears of the commit first: telling the mappers of it takes calls.
             self._notify_commit()
             self.fetch_sizing.resize(self.last_write_size, self.store.limits.max_transaction_bytes)

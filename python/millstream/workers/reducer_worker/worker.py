@@ -4,7 +4,8 @@ loop (the instance's state: :mod:`.instance`).
 :meth:`ReducerWorker.run_once` is one iteration of the main procedure, a plain method a
 simulation can drive; :meth:`~ReducerWorker.run` is the thin loop around it. The steps live
 in the package's other modules: :mod:`.fetch`, :mod:`.plain_round`, :mod:`.queue_round`,
-:mod:`.spill_reads`, :mod:`.commit`, :mod:`.drain` and :mod:`.figures`.
+:mod:`.spill_reads`, :mod:`.commit`, :mod:`.reduce_dead_letters`, :mod:`.drain` and
+:mod:`.figures`.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class ReducerWorker(PlainRound, ReducerFigures):
             try:
                 committed = self.run_once()
             except UserCodeError as exc:
-                if t.on_user_error == "stop":
+                if t.on_user_error != "retry":
                     raise
                 self._note_error("reduce", exc)
                 self.clock.sleep(backoff.next(), stop)
