@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.hosts.cluster import Cluster
-from tests.support.hosts.hosted import Layout, advertised, hosted_runner, with_tls
+from tests.support.hosts.hosted import (
+    GatedKeyedSumMapper,
+    Layout,
+    advertised,
+    hosted_runner,
+    with_tls,
+)
 from tests.support.jobs import (
     expected_sums,
     keyed_processor,
@@ -23,7 +29,17 @@ pytestmark = pytest.mark.usefixtures("root")
 def test_keyed_sum_across_hosts_is_exact_and_mappers_advertise_their_host(tmp_path: Path) -> None:
     data = write_keyed_input(tmp_path / "in", 40_000, partitions=2)
     tune = with_tls(tuning(batch_rows=2_000), tmp_path / "tls")
-    processor = keyed_processor(data, tmp_path / "state.db", tune=tune)
+    # The mappers map slowly until both were seen advertising: a mapper's discovery entry
+    # leaves with it, and an ungated mapper can start and drain between two looks.
+    gate = tmp_path / "gate"
+    gate.touch()
+    processor = keyed_processor(
+        data,
+        tmp_path / "state.db",
+        tune=tune,
+        mapper=GatedKeyedSumMapper,
+        config={"gate": str(gate), "map_seconds": 0.05},
+    )
     layout = Layout(num_mappers=2, num_reducers=2)
     seen: dict[int, str] = {}
     with Cluster(layout.size) as cluster:
@@ -32,6 +48,8 @@ def test_keyed_sum_across_hosts_is_exact_and_mappers_advertise_their_host(tmp_pa
         try:
             while not runner.poll():
                 seen.update(advertised(processor))
+                if len(seen) == layout.num_mappers and gate.exists():
+                    gate.unlink()
                 time.sleep(0.1)
         finally:
             runner.stop()
