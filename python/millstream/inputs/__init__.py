@@ -1,11 +1,30 @@
-"""Inputs: replayable, trimmable partitioned sources (thesis 4.2)."""
+"""Inputs: replayable, trimmable partitioned sources (thesis 4.2).
+
+The Kafka input's modules load on first use (``ms.inputs.KafkaTopic``), so that a job
+without Kafka, and every worker process, starts without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from millstream.inputs.base import Input, PartitionReader, ReadResult, WaitingReader
-from millstream.inputs.kafka_decoders import Avro, Json, RawBytes, ValueDecoder
-from millstream.inputs.kafka_topic import KafkaTopic
 from millstream.inputs.parquet_log import ParquetLog
 from millstream.inputs.queue_producer import QueueProducer
 from millstream.inputs.store_queue import StoreQueue
+
+if TYPE_CHECKING:
+    from millstream.inputs.kafka_decoders import Avro, Json, RawBytes, ValueDecoder
+    from millstream.inputs.kafka_topic import KafkaTopic
+
+_ON_FIRST_USE = {
+    "Avro": "millstream.inputs.kafka_decoders",
+    "Json": "millstream.inputs.kafka_decoders",
+    "RawBytes": "millstream.inputs.kafka_decoders",
+    "ValueDecoder": "millstream.inputs.kafka_decoders",
+    "KafkaTopic": "millstream.inputs.kafka_topic",
+}
 
 __all__ = [
     "Avro",
@@ -21,3 +40,15 @@ __all__ = [
     "ValueDecoder",
     "WaitingReader",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

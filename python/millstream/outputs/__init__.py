@@ -10,10 +10,17 @@ A processor declares its outputs (``Processor(outputs=[...])``) and its reducers
 them through :meth:`~millstream.Transaction.append` and
 :meth:`~millstream.Transaction.write_parquet`; :class:`StagedOutputs` holds what one
 ``reduce`` wrote until the commit.
+
+The Kafka sink's module loads on first use (``ms.outputs.KafkaSink``), so that a job
+without Kafka, and every worker process, starts without it.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from millstream.inputs.store_queue import StoreQueue
-from millstream.outputs.kafka_sink import KafkaPublisher, KafkaSink, KafkaTarget, PublisherError
 from millstream.outputs.parquet_sink import STAGING, ParquetSink, StagedFile
 from millstream.outputs.staged import (
     Output,
@@ -22,6 +29,16 @@ from millstream.outputs.staged import (
     finish_publishing,
     seal_queues,
 )
+
+if TYPE_CHECKING:
+    from millstream.outputs.kafka_sink import (
+        KafkaPublisher,
+        KafkaSink,
+        KafkaTarget,
+        PublisherError,
+    )
+
+_ON_FIRST_USE = frozenset({"KafkaPublisher", "KafkaSink", "KafkaTarget", "PublisherError"})
 
 __all__ = [
     "STAGING",
@@ -38,3 +55,15 @@ __all__ = [
     "finish_publishing",
     "seal_queues",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        value = getattr(importlib.import_module("millstream.outputs.kafka_sink"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -42,12 +42,12 @@ from millstream.runner.forkserver import (
 )
 from millstream.runner.metrics_server import MetricsServer
 from millstream.runner.placement import WorkerHost
-from millstream.runner.publishers import PublisherProcesses
 from millstream.runner.signals import RunStopped, signals_stop_the_run
 from millstream.workers.prometheus import MULTIPROC_ENV
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
+    from millstream.runner.publishers import PublisherProcesses
 
 WorkerId = tuple[str, int, int]
 """(role, index, instance): ``instance`` > 0 only for deliberate duplicates."""
@@ -227,6 +227,10 @@ class LocalRunner:
             for instance in range(self.instances.get((role, index), 1)):
                 wid = (role, index, instance)
                 self._slots[wid] = self._spawn(wid)
+        # Kafka's modules load here, in the runner only: the fork server and the workers
+        # start without them.
+        from millstream.runner.publishers import PublisherProcesses
+
         self.publishers = PublisherProcesses.of_outputs(self.processor.outputs, t.restart)
         self.publishers.start()
 
