@@ -21,11 +21,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-import grpc
+from typing import TYPE_CHECKING, Protocol
 
 from millstream.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    import grpc
 
 ENV = {
     "tls_ca_file": "MILLSTREAM_TLS_CA_FILE",
@@ -80,12 +81,16 @@ class TlsFiles:
 
     def server_credentials(self) -> grpc.ServerCredentials:
         """A mapper's: its certificate, and callers must present one the CA signed."""
+        import grpc  # here, not at the top: a runner reads the files without loading gRPC
+
         return grpc.ssl_server_credentials(
             [(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True
         )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """A reducer's: trusts mappers the CA signed, presents its own certificate."""
+        import grpc
+
         return grpc.ssl_channel_credentials(
             root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
         )

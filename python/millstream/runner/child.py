@@ -19,7 +19,6 @@ from millstream.rpc.address import LOOPBACK
 from millstream.runner.forkserver import IN_WORKER_ENV, die_with_parent, is_script
 from millstream.runner.placement import WorkerHost
 from millstream.runner.profiling import profiled
-from millstream.workers import run_worker
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -71,6 +70,10 @@ def child_main(
         if placement is not None:
             placement.enter()  # before any thread or socket: they belong to the host's network
             address = placement.address
+        # Imported by the fork server before it forked this process (PRELOAD): the runner
+        # that imports this module does not pay for the workers.
+        from millstream.workers.serve import run_worker
+
         profile_dir = os.environ.get("MILLSTREAM_PROFILE_DIR")
         if profile_dir:
             profiled(profile_dir, f"{role}-{index}-{os.getpid()}.prof")(

@@ -25,7 +25,13 @@ from millstream.allocator import MALLOC_ENV
 if TYPE_CHECKING:
     from millstream.processor import Processor
 
-PRELOAD = ["millstream.runner.local", "pyarrow.parquet", "pyarrow.compute", "pyarrow.acero"]
+PRELOAD = [
+    "millstream.runner.local",
+    "millstream.workers.serve",
+    "pyarrow.parquet",
+    "pyarrow.compute",
+    "pyarrow.acero",
+]
 """Modules the fork server imports once, so that workers start in milliseconds instead of
 each importing them (about a second of CPU per worker)."""
 

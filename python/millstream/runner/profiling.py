@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from millstream.workers import run_worker
-
 
 def profiled(directory: str, name: str) -> Callable[..., None]:
     """``run_worker`` under cProfile in every thread, merged stats in ``directory/name``.
@@ -20,6 +18,8 @@ def profiled(directory: str, name: str) -> Callable[..., None]:
     """
 
     def run(*args: Any) -> None:
+        from millstream.workers.serve import run_worker  # preloaded, as in runner.child
+
         profiles = [cProfile.Profile()]
 
         def in_new_thread(*_: Any) -> None:

@@ -10,12 +10,32 @@ discovery (:mod:`.discovery_view`), the figures it publishes (:mod:`.status_repo
 its Prometheus metrics (:mod:`.prometheus`).
 """
 
-from millstream.backoff import Backoff
-from millstream.workers.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
-from millstream.workers.heartbeat import Heartbeat
-from millstream.workers.mapper_worker import MapperWorker
-from millstream.workers.reducer_worker import ReducerWorker
-from millstream.workers.serve import run_worker
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from millstream.backoff import Backoff
+    from millstream.workers.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+    from millstream.workers.heartbeat import Heartbeat
+    from millstream.workers.mapper_worker import MapperWorker
+    from millstream.workers.reducer_worker import ReducerWorker
+    from millstream.workers.serve import run_worker
+
+_ON_FIRST_USE = {
+    "Backoff": "millstream.backoff",
+    "SYSTEM_CLOCK": "millstream.workers.clock",
+    "Clock": "millstream.workers.clock",
+    "ManualClock": "millstream.workers.clock",
+    "SystemClock": "millstream.workers.clock",
+    "Heartbeat": "millstream.workers.heartbeat",
+    "MapperWorker": "millstream.workers.mapper_worker",
+    "ReducerWorker": "millstream.workers.reducer_worker",
+    "run_worker": "millstream.workers.serve",
+}
+"""The package's names load on first use: a runner that imports one of its modules (say
+:mod:`.prometheus`) does not pay for the workers; the fork server imports them once."""
 
 __all__ = [
     "SYSTEM_CLOCK",
@@ -28,3 +48,15 @@ __all__ = [
     "SystemClock",
     "run_worker",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
