@@ -15,7 +15,7 @@ import pytest
 from millstream.exceptions import ConfigurationError
 from millstream.runner.local import LocalRunner
 
-from tests.support.chaos import RandomKiller
+from tests.support.chaos import run_killed
 from tests.support.jobs import (
     SeenValuesReducer,
     ValuesByKeyMapper,
@@ -79,14 +79,10 @@ def test_kill_9_loses_nothing(tmp_path: Path, seed: int, state_url: str) -> None
         restart=ms.RestartStrategy(max_restarts=1_000),
     )
     processor, values = _processor(tmp_path, 200_000, tune, state_url)
-    runner = LocalRunner(processor)
-    runner.start()
-    with RandomKiller(runner, seed) as killer:
-        summary = runner.wait(timeout=300)
-    assert killer.kills, "the killer never found a live process"
+    summary, kills = run_killed(processor, seed)
     assert summary.restarts > 0
     repeats = _repeats(processor, values)
-    print(f"seed {seed}: killed {killer.kills}; {repeats} of {len(values)} rows applied again")
+    print(f"seed {seed}: killed {kills}; {repeats} of {len(values)} rows applied again")
 
 
 @pytest.mark.parametrize("state_url", ON_BOTH, indirect=True)

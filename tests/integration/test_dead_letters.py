@@ -15,7 +15,7 @@ from millstream.cli import collect_status, main, render_status
 from millstream.ledger.dead_letters import dead_letter_counts, read_dead_letters
 from millstream.runner.local import LocalRunner
 
-from tests.support.chaos import RandomKiller
+from tests.support.chaos import run_killed
 from tests.support.dead_letter_jobs import (
     MAP_POISON,
     REDUCE_POISON,
@@ -67,15 +67,11 @@ def test_kill_9_with_poison_rows_commits_good_rows_once_and_poison_rows_once(
         commit_interval_seconds=0.1,
         restart=ms.RestartStrategy(max_restarts=1_000),
     )
-    runner = LocalRunner(processor)
-    runner.start()
-    with RandomKiller(runner, seed) as killer:
-        summary = runner.wait(timeout=300)
-    assert killer.kills, "the killer never found a live process"
+    summary, kills = run_killed(processor, seed)
     assert summary.restarts > 0
     assert summary.rows_read == ROWS
     check_exactly_once(processor, tmp_path / "in")
-    print(f"seed {seed}: killed {killer.kills}")
+    print(f"seed {seed}: killed {kills}")
 
 
 def test_status_metrics_and_the_command_show_the_dead_letters(

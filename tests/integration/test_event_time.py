@@ -11,9 +11,8 @@ from pathlib import Path
 import millstream as ms
 import pytest
 from millstream.outputs import ParquetSink
-from millstream.runner.local import LocalRunner
 
-from tests.support.chaos import RandomKiller
+from tests.support.chaos import run_killed
 from tests.support.jobs import (
     EVENT_DISORDER_MS,
     EVENT_PANES,
@@ -58,14 +57,10 @@ def test_tumbling_panes_are_exact_under_kill_9(
             restart=ms.RestartStrategy(max_restarts=1_000),
         ),
     )
-    runner = LocalRunner(processor)
-    runner.start()
-    with RandomKiller(runner, seed) as killer:
-        runner.wait(timeout=300)
-    assert killer.kills, "the killer never found a live process"
+    _, kills = run_killed(processor, seed)
     assert ms.event_time.late_rows(processor) == 0
     assert written_panes(sink) == expected_panes(data)
-    print(f"seed {seed}: killed {killer.kills}; {len(sink.recorded())} files")
+    print(f"seed {seed}: killed {kills}; {len(sink.recorded())} files")
 
 
 @pytest.mark.parametrize(
@@ -98,11 +93,7 @@ def test_late_rows_count_once_under_kill_9(tmp_path: Path, reducer: type[ms.Redu
             restart=ms.RestartStrategy(max_restarts=1_000),
         ),
     )
-    runner = LocalRunner(processor)
-    runner.start()
-    with RandomKiller(runner, 4) as killer:
-        runner.wait(timeout=300)
-    assert killer.kills, "the killer never found a live process"
+    _, kills = run_killed(processor, 4)
     emitted = written_panes(sink)
     assert len({(start, key) for start, key, *_ in emitted}) == len(emitted)
     assert panes_with_late(sink, late) == expected_panes(data)
@@ -114,4 +105,4 @@ def test_late_rows_count_once_under_kill_9(tmp_path: Path, reducer: type[ms.Redu
     # their panes before the watermark the batch carries closes them. Counting itself is
     # checked where it is deterministic (tests/unit/event_time/test_late_rows.py,
     # tests/integration/test_idle_partitions.py).
-    print(f"killed {killer.kills}; {counted} late rows")
+    print(f"killed {kills}; {counted} late rows")

@@ -9,7 +9,7 @@ import pytest
 from millstream.runner.local import LocalRunner
 
 from examples import word_count
-from tests.support.chaos import RandomKiller
+from tests.support.chaos import run_killed
 from tests.support.jobs import (
     SlowKeyedSumMapper,
     expected_sums,
@@ -74,12 +74,7 @@ def test_kill_9_random_processes_many_times(
         mapper=SlowKeyedSumMapper,
         config={"map_seconds": 0.04},
     )
-    runner = LocalRunner(processor)
-    runner.start()
-    with RandomKiller(runner, seed) as killer:
-        summary = runner.wait(timeout=300)
-    kills = killer.kills
-    assert kills, "the killer never found a live process"
+    summary, kills = run_killed(processor, seed)
     assert summary.restarts > 0
     assert read_output(processor, "sum") == expected_sums(data)
     assert summary.rows_read == 200_000

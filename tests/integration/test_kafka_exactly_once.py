@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from millstream.runner.local import LocalRunner
 
-from tests.support.chaos import RandomKiller
+from tests.support.chaos import run_killed
 from tests.support.jobs import KeyedSumReducer, read_output, tuning
 from tests.support.kafka_broker import BOOTSTRAP_VARIABLE, new_topic, noida_broker, produce
 from tests.support.kafka_jobs import PackedKeyedSumMapper, fill_keyed
@@ -68,15 +68,11 @@ def test_kill_9_reading_a_topic_is_exact(kafka_bootstrap: str, tmp_path: Path, s
             restart=ms.RestartStrategy(max_restarts=1_000),
         ),
     )
-    runner = LocalRunner(processor)
-    runner.start()
-    with RandomKiller(runner, seed) as killer:
-        summary = runner.wait(timeout=300)
-    assert killer.kills, "the killer never found a live process"
+    summary, kills = run_killed(processor, seed)
     assert summary.restarts > 0
     assert read_output(processor, "sum") == dict(sums)
     assert summary.rows_read == CHUNKS * CHUNK_ROWS
-    print(f"seed {seed}: killed {killer.kills}")
+    print(f"seed {seed}: killed {kills}")
 
 
 @pytest.mark.slow

@@ -10,10 +10,9 @@ import pyarrow.dataset as pads
 import pytest
 from millstream.inputs import StoreQueue
 from millstream.outputs import ParquetSink
-from millstream.runner.local import LocalRunner
 from millstream.runner.pipeline import PipelineRunner
 
-from tests.support.chaos import RandomKiller
+from tests.support.chaos import RandomKiller, run_killed
 from tests.support.jobs import (
     KeyedSumReducer,
     PassThroughMapper,
@@ -110,19 +109,13 @@ def test_a_parquet_sink_holds_every_row_once_under_kill_9(
         tune=CHAOS,
     )
     processor = ms.Processor(**{**processor.__dict__, "outputs": [sink]})
-    runner = LocalRunner(processor)
-    runner.start()
-    with RandomKiller(runner, seed) as killer:
-        runner.wait(timeout=300)
-    assert killer.kills, "the killer never found a live process"
+    _, kills = run_killed(processor, seed)
     expected = sorted(input_table(data)["value"].to_pylist())
     assert sorted(sink.read()["value"].to_pylist()) == expected
     orphans = sink.vacuum(older_than_seconds=0)
     plain = pads.dataset(str(tmp_path / "out"), format="parquet").to_table()
     assert sorted(plain["value"].to_pylist()) == expected
-    print(
-        f"seed {seed}: killed {killer.kills}; {len(sink.recorded())} files, {len(orphans)} orphans"
-    )
+    print(f"seed {seed}: killed {kills}; {len(sink.recorded())} files, {len(orphans)} orphans")
 
 
 def test_the_windowed_pipeline_example_is_exact_under_kill_9(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
+import millstream as ms
+from millstream.ledger import RunSummary
 from millstream.runner.forkserver import fork_server_pid
 from millstream.runner.local import LocalRunner
 
@@ -75,3 +77,17 @@ class RandomKiller:
     ) -> None:
         self._done.set()
         self._thread.join()
+
+
+def run_killed(
+    processor: ms.Processor, seed: int, *, timeout: float = 300, max_kills: int = 25
+) -> tuple[RunSummary, list[str]]:
+    """Run ``processor`` on a local runner until it drains, under a :class:`RandomKiller` of
+    ``seed``: the run's summary and the victims. Fails when the killer found no live
+    process to kill (the run proved nothing about kill -9)."""
+    runner = LocalRunner(processor)
+    runner.start()
+    with RandomKiller(runner, seed, max_kills) as killer:
+        summary = runner.wait(timeout=timeout)
+    assert killer.kills, "the killer never found a live process"
+    return summary, killer.kills
