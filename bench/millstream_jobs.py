@@ -85,13 +85,15 @@ def send(record: dict[str, Any]) -> None:
 
 def _start_record(role: str, index: int) -> dict[str, Any]:
     """A worker's start: its process's start, its parent's (a Spark task's Python worker
-    is forked by PySpark's daemon) and now (imports done, store open, processor checked)."""
+    is forked by PySpark's daemon), now (imports done, store open, processor checked) and
+    the CPU seconds its process took to get here."""
     return {
         "event": role,
         "i": index,
         "forked": process_started(),
         "parent": process_started(os.getppid()),
         "t": time.time(),
+        "cpu": time.process_time(),
     }
 
 

@@ -10,10 +10,17 @@ when the task's Python worker process and its parent, PySpark's daemon, started;
 mapper or reducer was constructed, i.e. imports done, store open and processor checked;
 the first ``map``; the first rows a reducer got; its first commit).
 
+With ``--compare-local``, it measures instead the rate once running: the same job with one
+mapper and one reducer through the local runner and through the Spark runner on
+``local[2]``, in turns, and prints each run's rows/s after the first commit (input rows
+committed after it over the time from it to the last commit) and the CPU seconds of the
+whole process tree.
+
 Run::
 
     .venv/bin/python -m bench.spark_start --rows 5000000 --repeat 3
     .venv/bin/python -m bench.spark_start --daemon-module millstream.spark.daemon
+    .venv/bin/python -m bench.spark_start --compare-local --rows 20000000 --repeat 3
 
 ``--daemon-module`` sets ``spark.python.daemon.module`` for the session.
 """
@@ -44,6 +51,8 @@ STEPS = (
     "first reducer commit",
 )
 """The steps of the timeline, in the order they happen."""
+CPU_STEP = "CPU s of a worker from its fork to constructed (median of the 4)"
+"""Not a step: what a worker's process took to unpickle its task, import and open the store."""
 
 
 def spark_events(directory: Path) -> dict[str, float]:
@@ -116,7 +125,52 @@ def measure_start(args: argparse.Namespace, run: int, log: Any = print) -> dict[
     )
     steps = {**timeline(child.events, child.commits), **spark_events(events_dir)}
     zero = steps.pop("session")
-    return {"launch": child.launch - zero, **{k: v - zero for k, v in steps.items()}}
+    cpu = statistics.median(e["cpu"] for e in child.events if e["event"] in ("mapper", "reducer"))
+    return {
+        "launch": child.launch - zero,
+        **{k: v - zero for k, v in steps.items()},
+        CPU_STEP: cpu,
+    }
+
+
+def rate_once_running(commits: list[dict[str, Any]], input_rows: int) -> float:
+    """Input rows per second after the first commit (a commit's shuffle rows scaled by the
+    run's input rows per shuffle row)."""
+    if len(commits) < 2:
+        raise RuntimeError("fewer than two commits: run more rows")
+    scale = input_rows / sum(c["rows"] for c in commits)
+    later = sum(c["rows"] for c in commits[1:]) * scale
+    return later / (commits[-1]["t"] - commits[0]["t"])
+
+
+def compare_local(args: argparse.Namespace, log: Any = print) -> None:
+    """Rows/s once running, local runner against Spark runner on ``local[2]``, in turns."""
+    workload = generate(spec_from_args(args), args.data_root, verbose=False)
+    conf = {"spark.python.daemon.module": args.daemon_module} if args.daemon_module else {}
+    rates: dict[str, list[tuple[float, float]]] = {"local": [], "spark": []}
+    for run in range(args.repeat):
+        for runner in rates:
+            opts = MillstreamOptions(num_reducers=1, runner=runner, bookkeeping_run=False)
+            child = run_child(
+                workload,
+                "keyed_sum",
+                opts,
+                RESULTS / "spark_start" / f"{runner}-{run}",
+                write_output=True,
+                log=log,
+                extra={"num_mappers": 1, "spark_conf": conf},
+            )
+            rate = rate_once_running(child.commits, workload.spec.rows)
+            rates[runner].append((rate, child.report.cpu_seconds))
+            cpu = child.report.cpu_seconds
+            log(f"  {runner}: {rate / 1e6:.2f} M rows/s once running, {cpu:.1f} CPU s")
+    print("\n| runner | M rows/s once running (median) | runs | CPU s (median) |")
+    print("|---|---|---|---|")
+    for runner, values in rates.items():
+        cells = ", ".join(f"{r / 1e6:.2f}" for r, _ in values)
+        rate = statistics.median(r for r, _ in values) / 1e6
+        cpu = statistics.median(c for _, c in values)
+        print(f"| {runner} | {rate:.2f} | {cells} | {cpu:.1f} |")
 
 
 def main() -> None:
@@ -124,11 +178,17 @@ def main() -> None:
     add_spec_arguments(parser)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--daemon-module", default=None, help="spark.python.daemon.module")
+    parser.add_argument(
+        "--compare-local", action="store_true", help="rows/s once running against the local runner"
+    )
     args = parser.parse_args()
+    if args.compare_local:
+        compare_local(args)
+        return
     runs = [measure_start(args, run) for run in range(args.repeat)]
     print(f"\n| step | seconds after the session was up (median of {len(runs)}) | runs |")
     print("|---|---|---|")
-    for step in ("launch", *STEPS):
+    for step in ("launch", *STEPS, CPU_STEP):
         values = [r[step] for r in runs]
         cells = ", ".join(f"{v:.2f}" for v in values)
         print(f"| {step} | {statistics.median(values):.2f} | {cells} |")
