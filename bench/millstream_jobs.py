@@ -49,16 +49,26 @@ share one keyspace, ``(KEYSPACE, reducer index, key)`` when grouped."""
 SEPARATOR = "\n"
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` from its third (state) on."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def process_started(pid: int | str = "self") -> float:
     """When process ``pid`` started (wall seconds, to the kernel's clock tick)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22
+    ticks = int(_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22
     boot = next(
         int(line.split()[1])
         for line in Path("/proc/stat").read_text().splitlines()
         if line.startswith("btime ")
     )
     return boot + ticks
+
+
+def process_cpu(pid: int | str = "self") -> float:
+    """CPU seconds process ``pid`` has used (user and system, to the clock tick)."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15
 
 
 def open_fifo() -> int:
@@ -85,8 +95,8 @@ def send(record: dict[str, Any]) -> None:
 
 def _start_record(role: str, index: int) -> dict[str, Any]:
     """A worker's start: its process's start, its parent's (a Spark task's Python worker
-    is forked by PySpark's daemon), now (imports done, store open, processor checked) and
-    the CPU seconds its process took to get here."""
+    is forked by PySpark's daemon), now (imports done, store open, processor checked), the
+    CPU seconds its process took to get here and the CPU seconds of its parent."""
     return {
         "event": role,
         "i": index,
@@ -94,6 +104,7 @@ def _start_record(role: str, index: int) -> dict[str, Any]:
         "parent": process_started(os.getppid()),
         "t": time.time(),
         "cpu": time.process_time(),
+        "parent_cpu": process_cpu(os.getppid()),
     }
 
 

@@ -51,8 +51,13 @@ STEPS = (
     "first reducer commit",
 )
 """The steps of the timeline, in the order they happen."""
-CPU_STEP = "CPU s of a worker from its fork to constructed (median of the 4)"
-"""Not a step: what a worker's process took to unpickle its task, import and open the store."""
+CPU_STEPS = (
+    "CPU s of PySpark's daemon when the workers were constructed",
+    "CPU s of a worker from its fork to constructed (median of the 4)",
+    "CPU s of the whole run (JVM, daemon, workers, driver)",
+)
+"""Not steps: what the daemon took (its imports), what a worker's process took to unpickle
+its task, import and open the store, and the whole run's CPU."""
 
 
 def spark_events(directory: Path) -> dict[str, float]:
@@ -125,12 +130,18 @@ def measure_start(args: argparse.Namespace, run: int, log: Any = print) -> dict[
     )
     steps = {**timeline(child.events, child.commits), **spark_events(events_dir)}
     zero = steps.pop("session")
-    cpu = statistics.median(e["cpu"] for e in child.events if e["event"] in ("mapper", "reducer"))
-    return {
+    workers = [e for e in child.events if e["event"] in ("mapper", "reducer")]
+    result = {
         "launch": child.launch - zero,
         **{k: v - zero for k, v in steps.items()},
-        CPU_STEP: cpu,
+        CPU_STEPS[0]: statistics.median(e["parent_cpu"] for e in workers),
+        CPU_STEPS[1]: statistics.median(e["cpu"] for e in workers),
+        CPU_STEPS[2]: child.report.cpu_seconds,
     }
+    (run_dir.parent / f"timeline-{run}.json").write_text(
+        json.dumps({"steps": result, "events": child.events, "commits": child.commits})
+    )
+    return result
 
 
 def rate_once_running(commits: list[dict[str, Any]], input_rows: int) -> float:
@@ -188,7 +199,7 @@ def main() -> None:
     runs = [measure_start(args, run) for run in range(args.repeat)]
     print(f"\n| step | seconds after the session was up (median of {len(runs)}) | runs |")
     print("|---|---|---|")
-    for step in ("launch", *STEPS, CPU_STEP):
+    for step in ("launch", *STEPS, *CPU_STEPS):
         values = [r[step] for r in runs]
         cells = ", ".join(f"{v:.2f}" for v in values)
         print(f"| {step} | {statistics.median(values):.2f} | {cells} |")
