@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from millstream import Processor, RunSummary
@@ -42,32 +42,44 @@ def main(argv: list[str]) -> None:
 
         summary = run_local(processor, progress=False)
     elif runner == "spark":
-        summary = _run_on_spark(processor)
+        summary = _run_on_spark(processor, settings)
     else:
         raise SystemExit(f"unknown runner {runner!r}: local or spark")
     print(f"    {summary}", flush=True)
     (Path(run_dir) / "child.json").write_text(json.dumps(asdict(summary)))
 
 
-def _run_on_spark(processor: Processor) -> RunSummary:
-    """``processor`` as one Spark job on a local session with a slot per worker."""
+def _run_on_spark(processor: Processor, settings: dict[str, Any]) -> RunSummary:
+    """``processor`` as one Spark job on a local session with a slot per worker.
+
+    ``settings["spark_conf"]``: more Spark settings of the session (such as
+    ``spark.eventLog.dir``, ``spark.python.daemon.module``). The session's start and the
+    call of :func:`millstream.spark.run` go to the benchmark's FIFO as events.
+    """
     import os
+    import time
 
     import millstream.spark as mss
     from pyspark.sql import SparkSession
 
+    from bench.millstream_jobs import send
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     slots = processor.num_mappers + processor.num_reducers
-    spark = (
+    builder = (
         SparkSession.builder.appName("millstream benchmark")
         .master(f"local[{slots}]")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "1g")
-        .getOrCreate()
     )
+    for key, value in settings.get("spark_conf", {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    send({"event": "session", "t": time.time()})
     try:
         return mss.run(spark, processor)
     finally:
+        send({"event": "run returned", "t": time.time()})
         spark.stop()
 
 

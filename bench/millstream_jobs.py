@@ -49,22 +49,101 @@ share one keyspace, ``(KEYSPACE, reducer index, key)`` when grouped."""
 SEPARATOR = "\n"
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` from its third (state) on."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_started(pid: int | str = "self") -> float:
+    """When process ``pid`` started (wall seconds, to the kernel's clock tick)."""
+    ticks = int(_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22
+    boot = next(
+        int(line.split()[1])
+        for line in Path("/proc/stat").read_text().splitlines()
+        if line.startswith("btime ")
+    )
+    return boot + ticks
+
+
+def process_cpu(pid: int | str = "self") -> float:
+    """CPU seconds process ``pid`` has used (user and system, to the clock tick)."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15
+
+
+def open_fifo() -> int:
+    """The benchmark's FIFO opened for writing; -1 without one."""
+    path = os.environ.get(FIFO_ENV)
+    return os.open(path, os.O_WRONLY) if path else -1
+
+
+def write_record(fd: int, record: dict[str, Any]) -> None:
+    """``record`` as one line to the FIFO open as ``fd`` (nothing when it is -1)."""
+    if fd >= 0:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+
+
+def send(record: dict[str, Any]) -> None:
+    """``record`` as one line to the benchmark's FIFO, opened for it."""
+    fd = open_fifo()
+    try:
+        write_record(fd, record)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _start_record(role: str, index: int) -> dict[str, Any]:
+    """A worker's start: its process's start, its parent's (a Spark task's Python worker
+    is forked by PySpark's daemon), now (imports done, store open, processor checked), the
+    CPU seconds its process took to get here and the CPU seconds of its parent."""
+    return {
+        "event": role,
+        "i": index,
+        "forked": process_started(),
+        "parent": process_started(os.getppid()),
+        "t": time.time(),
+        "cpu": time.process_time(),
+        "parent_cpu": process_cpu(os.getppid()),
+    }
+
+
+class StartReporter(ms.Mapper):
+    """Base of the benchmark mappers: reports the worker's start and its first ``map``."""
+
+    def __init__(self, spec: ms.WorkerSpec, config: Any) -> None:
+        super().__init__(spec, config)
+        self._fd = open_fifo()
+        write_record(self._fd, _start_record("mapper", spec.index))
+        self._mapped = False
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        if not self._mapped:
+            self._mapped = True
+            write_record(self._fd, {"event": "first map", "i": self.spec.index, "t": time.time()})
+        return self.partition(batch)
+
+    def partition(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        """The workload's ``map``."""
+        raise NotImplementedError
+
+
 class CommitReporter(ms.Reducer):
-    """Base of the benchmark reducers: reports each commit to the benchmark's FIFO."""
+    """Base of the benchmark reducers: reports its start, its first rows and each commit
+    to the benchmark's FIFO."""
 
     def __init__(self, spec: ms.WorkerSpec, config: Any) -> None:
         super().__init__(spec, config)
         self.pending_rows = 0
         self.write_output = bool(config.get("write_output", True))
-        path = os.environ.get(FIFO_ENV)
-        self._fd = os.open(path, os.O_WRONLY) if path else -1
-        self._send({"r": spec.index, "started": time.time()})
-
-    def _send(self, record: dict[str, Any]) -> None:
-        if self._fd >= 0:
-            os.write(self._fd, (json.dumps(record) + "\n").encode())
+        self._fd = open_fifo()
+        write_record(self._fd, _start_record("reducer", spec.index))
+        self._reduced = False
 
     def reduce(self, batch: pa.RecordBatch, txn: ms.Transaction) -> None:
+        if not self._reduced:
+            self._reduced = True
+            write_record(self._fd, {"event": "first rows", "i": self.spec.index, "t": time.time()})
         self.pending_rows = batch.num_rows
         if self.write_output:
             self.write(batch, txn)
@@ -80,17 +159,17 @@ class CommitReporter(ms.Reducer):
         raise NotImplementedError
 
     def on_commit(self) -> None:
-        self._send({"r": self.spec.index, "rows": self.pending_rows, "t": time.time()})
+        write_record(self._fd, {"r": self.spec.index, "rows": self.pending_rows, "t": time.time()})
 
 
 def _table(batch: pa.RecordBatch) -> pa.Table:
     return pa.Table.from_batches([batch])
 
 
-class PreAggregate(ms.Mapper):
+class PreAggregate(StartReporter):
     """Sums ``value`` per ``key`` within the batch, then routes each key by hash."""
 
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+    def partition(self, batch: pa.RecordBatch) -> ms.Partitioned:
         sums = _table(batch).group_by("key", use_threads=False).aggregate([("value", "sum")])
         sums = sums.rename_columns(["key", "value"])
         return ms.Partitioned.by_hash(sums, key="key", num_reducers=self.spec.num_reducers)
@@ -120,10 +199,10 @@ class SumIntoStore(CommitReporter):
         self._sums(batch)
 
 
-class RouteRows(ms.Mapper):
+class RouteRows(StartReporter):
     """Routes every row by the hash of its key; nothing is combined before the shuffle."""
 
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+    def partition(self, batch: pa.RecordBatch) -> ms.Partitioned:
         return ms.Partitioned.by_hash(batch, key="key", num_reducers=self.spec.num_reducers)
 
 
@@ -206,10 +285,10 @@ LAYOUTS = ("shared", "grouped")
 """Where a ``counters`` reducer keeps its keys: one keyspace for all, or one per reducer."""
 
 
-class PreAggregateCounters(ms.Mapper):
+class PreAggregateCounters(StartReporter):
     """Folds the batch into ``config["counters"]`` counters per key, routed by key hash."""
 
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+    def partition(self, batch: pa.RecordBatch) -> ms.Partitioned:
         n = int(self.config.get("counters", 1))
         partial = fold(per_row(batch, n), names(n))
         return ms.Partitioned.by_hash(partial, key="key", num_reducers=self.spec.num_reducers)
@@ -257,7 +336,8 @@ def build_processor(
 ) -> ms.Processor:
     """The processor of workload ``kind`` over ``input_dir`` with its store in ``run_dir``.
 
-    ``settings``: ``num_reducers``, ``batch_rows`` and ``commit_interval_seconds`` (None:
+    ``settings``: ``num_reducers``, ``num_mappers`` (0, the default: one per partition),
+    ``batch_rows`` and ``commit_interval_seconds`` (None:
     :class:`millstream.Tuning`'s default); for ``counters``, ``counters`` and ``layout``;
     ``store``: a store URL (such as ``fdb://<cluster file>``) instead of SQLite in ``run_dir``.
     """
@@ -273,6 +353,7 @@ def build_processor(
         input=ms.inputs.ParquetLog(str(input_dir), columns=columns),
         store=settings.get("store") or sqlite_url(run_dir),
         num_reducers=settings["num_reducers"],
+        num_mappers=settings.get("num_mappers", 0),
         name=NAME,
         config={
             "write_output": write_output,

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -103,7 +103,8 @@ class MillstreamOptions:
 
 
 class CommitListener:
-    """Collects the reducers' commit lines from a FIFO while a run goes on."""
+    """Collects the reducers' commit lines and the run's events (a worker's start, its
+    first rows; :mod:`bench.millstream_jobs`) from a FIFO while a run goes on."""
 
     def __init__(self, path: Path) -> None:
         os.mkfifo(path)
@@ -111,7 +112,7 @@ class CommitListener:
         # reducer reopens it) and opening does not wait for a writer.
         self._fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
         self.commits: list[dict[str, Any]] = []
-        self.starts: list[float] = []
+        self.events: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="commit-listener", daemon=True)
         self._thread.start()
@@ -127,8 +128,8 @@ class CommitListener:
                     continue
                 *lines, pending = pending.split(b"\n")
                 for record in (json.loads(line) for line in lines if line):
-                    if "started" in record:
-                        self.starts.append(record["started"])
+                    if "event" in record:
+                        self.events.append(record)
                     else:
                         self.commits.append(record)
             elif self._stop.is_set():
@@ -142,7 +143,21 @@ class CommitListener:
         return sorted(self.commits, key=lambda c: c["t"])
 
 
-def _run_measured(
+class ChildRun(NamedTuple):
+    """One measured child run."""
+
+    launch: float
+    """Wall time the child was started."""
+    commits: list[dict[str, Any]]
+    """The reducers' commits in order of their time."""
+    report: IOReport
+    events: list[dict[str, Any]]
+    """The run's events (:class:`CommitListener`), in order of arrival."""
+    summary: dict[str, Any]
+    """The run's :class:`millstream.RunSummary` as a dict."""
+
+
+def run_child(
     workload: Workload,
     kind: str,
     opts: MillstreamOptions,
@@ -150,8 +165,9 @@ def _run_measured(
     *,
     write_output: bool,
     log: Callable[[str], None],
-) -> tuple[float, list[dict[str, Any]], IOReport, dict[str, Any]]:
-    """One measured child run; returns launch time, commits, the I/O report, the summary."""
+    extra: dict[str, Any] | None = None,
+) -> ChildRun:
+    """One measured child run (``extra``: more settings for :mod:`bench.millstream_child`)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -167,6 +183,7 @@ def _run_measured(
         "counters": opts.counters,
         "layout": opts.layout,
         "store": opts.store,
+        **(extra or {}),
     }
     if opts.store:
         _empty_store(opts.store)
@@ -196,16 +213,17 @@ def _run_measured(
     finally:
         commits = listener.stop()
     report.extra["store_server_bytes"] = _write_bytes(opts.store_pids) - served
-    if listener.starts:
+    starts = [e["t"] for e in listener.events if e["event"] == "reducer"]
+    if starts:
         log(
-            f"    reducers started {min(listener.starts) - launch:.2f}-"
-            f"{max(listener.starts) - launch:.2f} s after launch, first commit "
+            f"    reducers started {min(starts) - launch:.2f}-"
+            f"{max(starts) - launch:.2f} s after launch, first commit "
             f"{commits[0]['t'] - launch if commits else float('nan'):.2f} s"
         )
     if status != 0:
         raise RuntimeError(f"millstream child failed with status {status}; see its output above")
     summary = json.loads((run_dir / "child.json").read_text())
-    return launch, commits, report, summary
+    return ChildRun(launch, commits, report, listener.events, summary)
 
 
 def _empty_store(url: str) -> None:
@@ -360,7 +378,7 @@ def measure(
     expected = expected_results(workload, kind, opts)
     load_before = loadavg()
     run_dir = runs / f"{kind}-{workload.spec.rows}"
-    launch, commits, report, summary = _run_measured(
+    launch, commits, report, _, summary = run_child(
         workload, kind, opts, run_dir, write_output=True, log=log
     )
     load_after = loadavg()
@@ -388,7 +406,7 @@ def measure(
     }
     if opts.bookkeeping_run:
         log("    again without output writes: the bookkeeping alone")
-        _, quiet_commits, quiet, quiet_summary = _run_measured(
+        _, quiet_commits, quiet, _, quiet_summary = run_child(
             workload,
             kind,
             opts,

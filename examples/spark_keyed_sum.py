@@ -122,6 +122,7 @@ if __name__ == "__main__":
         SparkSession.builder.appName("millstream keyed sum")
         .master(_master())
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.daemon.module", "millstream.spark.daemon")
         .getOrCreate()
     )
     try:

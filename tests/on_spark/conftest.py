@@ -25,8 +25,14 @@ def _java_available() -> bool:
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """A SparkSession on ``local[4,3]``, stopped after the module."""
+def spark_conf() -> dict[str, str]:
+    """More settings of the module's session (a module overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def spark(spark_conf: dict[str, str]) -> Iterator[Any]:
+    """A SparkSession on ``local[4,3]`` with ``spark_conf``, stopped after the module."""
     pyspark = pytest.importorskip("pyspark")
     if not _java_available():
         pytest.skip("no JDK: run scripts/install-system-deps.sh")
@@ -37,7 +43,7 @@ def spark() -> Iterator[Any]:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    session = (
+    builder = (
         SparkSession.builder.master(MASTER)
         .appName("millstream-tests")
         .config("spark.ui.enabled", "false")
@@ -46,8 +52,10 @@ def spark() -> Iterator[Any]:
         .config("spark.python.task.killTimeout", "1s")
         .config("spark.driver.memory", "512m")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
     )
+    for key, value in spark_conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session

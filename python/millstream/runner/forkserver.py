@@ -25,13 +25,11 @@ from millstream.allocator import MALLOC_ENV
 if TYPE_CHECKING:
     from millstream.processor import Processor
 
-PRELOAD = [
-    "millstream.runner.local",
-    "millstream.workers.serve",
-    "pyarrow.parquet",
-    "pyarrow.compute",
-    "pyarrow.acero",
-]
+HEAVY_MODULES = ("pyarrow.parquet", "pyarrow.compute", "pyarrow.acero")
+"""The heavy modules every worker uses beyond millstream's own (pyarrow.acero imports
+pandas)."""
+
+PRELOAD = ["millstream.runner.local", "millstream.workers.serve", *HEAVY_MODULES]
 """Modules the fork server imports once, so that workers start in milliseconds instead of
 each importing them (about a second of CPU per worker)."""
 
@@ -63,16 +61,19 @@ def start_fork_server(processor: Processor | None = None) -> None:
     os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
     if "forkserver" not in mp.get_all_start_methods():
         return
-    modules: set[str] = set()
-    if processor is not None:
-        modules = {processor.mapper.__module__, processor.reducer.__module__}
-        modules = {name for name in modules if not is_script(name)}
-    os.environ[PRELOAD_ENV] = ",".join(sorted(modules))
+    os.environ[PRELOAD_ENV] = user_modules(processor) if processor is not None else ""
     try:
         mp.set_forkserver_preload([*PRELOAD, "millstream.runner.user_modules"])
         forkserver.ensure_running()
     finally:
         del os.environ[PRELOAD_ENV]
+
+
+def user_modules(processor: Processor) -> str:
+    """The modules of ``processor``'s mapper and reducer that a worker can import (not
+    scripts), comma-separated: the value of :data:`PRELOAD_ENV`."""
+    modules = {processor.mapper.__module__, processor.reducer.__module__}
+    return ",".join(sorted(name for name in modules if not is_script(name)))
 
 
 PRELOAD_ENV = "MILLSTREAM_PRELOAD_MODULES"

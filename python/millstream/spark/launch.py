@@ -39,6 +39,7 @@ from millstream import exceptions
 from millstream.allocator import MALLOC_ENV
 from millstream.exceptions import FATAL_ERRORS, ConfigurationError, CrashLoopError, MillstreamError
 from millstream.ledger import RunSummary, prepare_store, summarize
+from millstream.runner.forkserver import PRELOAD_ENV, user_modules
 from millstream.spark.hosts import Deployment, check_deployment, deployment_of
 from millstream.spark.slots import SLOT_WAIT_SECONDS, wait_for_slots
 from millstream.workers import run_worker
@@ -203,6 +204,8 @@ def run(
     # Python workers started for this job get the allocator settings the local runner uses.
     for key, value in MALLOC_ENV.items():
         sc.environment.setdefault(key, value)
+    # What the daemon of millstream.spark.daemon imports before it forks them.
+    sc.environment[PRELOAD_ENV] = user_modules(processor)
     group = job_group or f"millstream-{processor.name}-{uuid.uuid4().hex[:8]}"
     previous_group = sc.getLocalProperty("spark.jobGroup.id")
     previous_description = sc.getLocalProperty("spark.job.description")
