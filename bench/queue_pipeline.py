@@ -487,6 +487,12 @@ def loadavg() -> str:
         return "n/a"
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` (all its threads) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def log(message: str) -> None:
     """Progress output, timestamped."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
