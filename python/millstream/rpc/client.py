@@ -252,6 +252,17 @@ class GrpcRowsClient:
                 results.append(exc)
         return results
 
+    def wait_for_answer(self, timeout_seconds: float) -> None:
+        """Return once a call under way is answered (at once if one is), at most
+        ``timeout_seconds`` later: a reducer whose round found nothing to commit sleeps on
+        its calls, which its mappers hold until they have rows, instead of for a fixed
+        time while rows may be arriving."""
+        futures = [future for _, future in self._under_way.values()]
+        if futures:
+            self._wait_for_any(futures, timeout_seconds)
+        else:
+            time.sleep(timeout_seconds)
+
     @staticmethod
     def _wait_for_any(futures: list[grpc.Future], timeout: float) -> None:
         """Wait until one of ``futures`` is done, at most ``timeout`` seconds: with nothing
