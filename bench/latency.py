@@ -274,6 +274,7 @@ def _floor(args: argparse.Namespace, rate: float) -> dict[str, Any]:
         keys=args.keys,
         spread=args.spread,
         trim_period=args.trim_period,
+        tick=args.tick,
     )
     if not floor["exact"]:
         raise RuntimeError(f"the floor's run was not exact: {floor}")
