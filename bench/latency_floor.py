@@ -159,8 +159,8 @@ def run(
         txn = store.create_transaction()
         try:
             view = ms.Transaction(txn)
-            sums, extra = read_key_sums(view, keys)
             committed = sum(view.get_int(("rows", p)) for p in range(partitions))
+            sums, extra = read_key_sums(view, keys)  # last: see Pipeline.read_results
         finally:
             txn.reset()
         queue.close()

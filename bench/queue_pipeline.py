@@ -422,8 +422,10 @@ class Pipeline:
         txn = self._store.create_transaction()
         try:
             view = ms.Transaction(txn)
-            sums, extra = read_key_sums(view, self.keys)
+            # The counters first: on a loaded host the long range read of the sums may take
+            # the transaction past its age limit, which the next read would then raise.
             rows = {r: view.get_int(("rows", r)) for r in range(self.num_reducers)}
+            sums, extra = read_key_sums(view, self.keys)
         finally:
             txn.reset()
         if extra:
