@@ -140,8 +140,8 @@ class AnswerWaiter(Protocol):
     call until it has rows), and that can wait for their answers."""
 
     def wait_for_answer(self, timeout_seconds: float) -> None:
-        """Return once a call under way is answered (at once if one is), at most
-        ``timeout_seconds`` later (that long when none is under way)."""
+        """Return once a call under way unanswered so far is answered, at most
+        ``timeout_seconds`` later (that long when there is none)."""
         ...
 
 
