@@ -20,6 +20,12 @@ Three measurements:
    alone instead: a pre-filled queue drained with no producer running.
 2. **Latency at half of peak** (``--mode fixed``, the default after the ramp): one fixed
    rate for ``--seconds``; figures over the rows appended after ``--warmup`` seconds.
+   After each fixed run the store's own latency, :mod:`bench.latency_floor` (the same
+   producer, rate, length and partitions with no shuffle), is measured too, and the
+   latencies are quoted as ratios to it (``--no-floor``: not). ``--runs N`` makes N such
+   pairs one after another and prints the median ratios.
+   ``--mode idle`` runs the pipeline with nothing appended and reports each worker's CPU
+   seconds over ``--seconds``: what waiting for rows costs.
 3. **Tuning sweep** (``--sweep name=v1,v2,...``): the fixed-rate run for each value of
    one knob (``commit_interval``, ``idle_seconds``, ``batch_rows``, ``trim_period``,
    ``tick``, ``synchronous``).
@@ -35,6 +41,7 @@ Run (the figures in the report)::
     .venv/bin/python -m bench.latency --mode fixed --rate 200000 \\
         --sweep commit_interval=0.01,0.02,0.05,0.1,0.2
     .venv/bin/python -m bench.latency --mode drain --drain-rows 3000000
+    .venv/bin/python -m bench.latency --mode idle --seconds 15 --runs 3
 
 Raw results: ``bench/results/latency/*.json``; the table also goes to
 ``bench/results/latency/table.md``.
@@ -43,28 +50,28 @@ Raw results: ``bench/results/latency/*.json``; the table also goes to
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from millstream.ledger import REDUCER_ACTIVITIES
 
+from bench import latency_floor
+from bench.latency_report import RESULTS, print_fixed, ramp_table, save, table
 from bench.latency_stats import (
     fmt_ms,
     gap_summary,
+    median_ratios,
     summarize_latency,
     timeline,
     weighted_slope,
 )
 from bench.pipeline_args import add_pipeline_arguments, make_pipeline, settings
-from bench.queue_pipeline import Pipeline, Samples, loadavg, log
-from bench.queue_producer import ROW_BYTES, ProducerHandle, ProducerPlan, ProducerResult, Step
+from bench.queue_pipeline import Pipeline, Samples, loadavg, log, process_cpu_seconds
+from bench.queue_producer import ProducerHandle, ProducerPlan, ProducerResult, Step
 
-RESULTS = Path(__file__).resolve().parent / "results" / "latency"
 SUSTAINED_SLOPE = 0.05
 SUSTAINED_P99 = 1.0
 SUSTAINED_PRODUCER = 0.97
@@ -231,7 +238,7 @@ def run_fixed(args: argparse.Namespace, rate: float, label: str) -> dict[str, An
             activity: float(np.mean([s[activity] for s in steady])) if steady else None
             for activity in REDUCER_ACTIVITIES
         }
-        result = {
+        result: dict[str, Any] = {
             "label": label,
             "mode": "fixed",
             "offered_rate": step["rate"],
@@ -248,9 +255,30 @@ def run_fixed(args: argparse.Namespace, rate: float, label: str) -> dict[str, An
         }
     finally:
         pipeline.close(keep=args.keep)
-    _save(result, label)
-    _print_fixed(result)
+    if args.floor:
+        result["floor"] = _floor(args, rate)
+    save(result, label)
+    print_fixed(result)
     return result
+
+
+def _floor(args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    """The store's own latency (:mod:`bench.latency_floor`) at the same rate, length,
+    partitions, keys and schedule, right after the pipeline's run: the reference its p99
+    is quoted against."""
+    floor = latency_floor.run(
+        rate,
+        args.seconds,
+        warmup=args.warmup,
+        partitions=args.mappers,
+        keys=args.keys,
+        spread=args.spread,
+        trim_period=args.trim_period,
+        tick=args.tick,
+    )
+    if not floor["exact"]:
+        raise RuntimeError(f"the floor's run was not exact: {floor}")
+    return floor
 
 
 def ramp_steps(args: argparse.Namespace) -> list[Step]:
@@ -349,7 +377,7 @@ def run_ramp(args: argparse.Namespace, label: str) -> dict[str, Any]:
         }
     finally:
         pipeline.close(keep=args.keep)
-    _save(result, label)
+    save(result, label)
     log(f"{label}: peak sustained rate {peak:,.0f} rows/s ({verified['summary']})")
     return result
 
@@ -391,7 +419,7 @@ def run_drain(args: argparse.Namespace, label: str) -> dict[str, Any]:
         }
     finally:
         pipeline.close(keep=args.keep)
-    _save(result, label)
+    save(result, label)
     log(
         f"{label}: {result['rate_whole']:,.0f} rows/s from start to last commit, "
         f"{result['rate_once_running']:,.0f} rows/s after the first commit "
@@ -400,81 +428,42 @@ def run_drain(args: argparse.Namespace, label: str) -> dict[str, Any]:
     return result
 
 
-# --------------------------------------------------------------------------- output
-
-
-def _save(result: dict[str, Any], label: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{label}.json").write_text(json.dumps(result, indent=2, default=float))
-
-
-def _print_fixed(result: dict[str, Any]) -> None:
-    s = result["steady"]
-    if "latency" not in s:
-        log(f"{result['label']}: no rows in the steady window")
-        return
-    lat = s["latency"]
+def run_idle(args: argparse.Namespace, label: str) -> dict[str, Any]:
+    """The pipeline with nothing appended: each worker's CPU over ``args.seconds`` after
+    ``args.warmup`` (what waiting for rows costs: wake-ups, not polls, should cost ~0)."""
+    log(f"{label}: no rows for {args.warmup:.0f} + {args.seconds:.0f} s; workers' CPU")
+    load_before = loadavg()
+    pipeline = make_pipeline(args, label)
+    try:
+        pipeline.start(timeout=args.warmup + args.seconds + 600)
+        time.sleep(args.warmup)
+        pids = pipeline.pids()
+        before = {who: process_cpu_seconds(pid) for who, pid in pids.items()}
+        time.sleep(args.seconds)
+        cpu = {
+            f"{role} {index}": process_cpu_seconds(pid) - before[(role, index)]
+            for (role, index), pid in pids.items()
+        }
+        if pipeline.failed() or pipeline.pids() != pids:
+            raise RuntimeError(f"a worker failed or restarted: {pipeline.failed()}")
+    finally:
+        pipeline.close(keep=args.keep)
+    result = {
+        "label": label,
+        "mode": "idle",
+        "seconds": args.seconds,
+        "cpu_seconds": cpu,
+        "cpu_seconds_total": sum(cpu.values()),
+        "settings": settings(args),
+        "load": [load_before, loadavg()],
+    }
+    save(result, label)
     log(
-        f"{result['label']}: offered {result['offered_rate']:,.0f} rows/s, committed "
-        f"{s['committed_rate']:,.0f} rows/s; latency p50 {fmt_ms(lat['p50'])} ms, p90 "
-        f"{fmt_ms(lat['p90'])}, p99 {fmt_ms(lat['p99'])}, p99.9 {fmt_ms(lat['p99.9'])}, max "
-        f"{fmt_ms(lat['max'])}; append->map p99 {fmt_ms(s['append_to_map']['p99'])}, "
-        f"map->fetch p99 {fmt_ms(s['map_to_fetch']['p99'])}, fetch->commit p99 "
-        f"{fmt_ms(s['fetch_to_commit']['p99'])}; {result['verified']['summary']}"
+        f"{label}: {result['cpu_seconds_total']:.3f} CPU s in {args.seconds:.0f} s idle ("
+        + ", ".join(f"{who} {seconds:.3f}" for who, seconds in sorted(cpu.items()))
+        + ")"
     )
-    shares = s.get("reducer_time_shares") or {}
-    if any(share is not None for share in shares.values()):
-        log(
-            "  reducers' time (mean over reducers, steady part): "
-            + ", ".join(f"{a} {share:.0%}" for a, share in shares.items() if share is not None)
-        )
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    """The markdown table of fixed-rate runs."""
-    lines = [
-        "| run | offered rows/s | committed rows/s | MB/s | commit interval (set / median) "
-        "| rows/commit | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | append→map p99 "
-        "| map→fetch p99 | fetch→commit p99 | producer append p99 ms | exact | load (1-min, "
-        "before/after) |",
-        "|" + "---|" * 17,
-    ]
-    for r in results:
-        if r.get("mode") != "fixed" or "latency" not in r["steady"]:
-            continue
-        s = r["steady"]
-        lat = s["latency"]
-        gaps = [g.get("median", math.nan) for g in s["commit_gaps"].values()]
-        lines.append(
-            f"| {r['label']} | {r['offered_rate']:,.0f} | {s['committed_rate']:,.0f} | "
-            f"{s['committed_rate'] * ROW_BYTES / 1e6:.1f} | "
-            f"{r['settings']['tuning']['commit_interval_seconds']} / "
-            f"{fmt_ms(float(np.nanmedian(gaps)) if gaps else math.nan)} ms | "
-            f"{s['rows_per_commit']:,.0f} | {fmt_ms(lat['p50'])} | {fmt_ms(lat['p90'])} | "
-            f"{fmt_ms(lat['p99'])} | {fmt_ms(lat['p99.9'])} | {fmt_ms(lat['max'])} | "
-            f"{fmt_ms(s['append_to_map']['p99'])} | {fmt_ms(s['map_to_fetch']['p99'])} | "
-            f"{fmt_ms(s['fetch_to_commit']['p99'])} | "
-            f"{r['producer']['append'].get('p99_ms', math.nan):.1f} | "
-            f"{'yes' if r['verified']['ok'] else 'NO'} | "
-            f"{r['load'][0].split()[0]} / {r['load'][1].split()[0]} |"
-        )
-    return "\n".join(lines)
-
-
-def ramp_table(result: dict[str, Any]) -> str:
-    """The markdown table of a ramp."""
-    lines = [
-        "| offered rows/s | producer rows/s | p50 ms | p99 ms | slope s/s | sustained |",
-        "|---|---|---|---|---|---|",
-    ]
-    for v in result["steps"]:
-        lat = v["figures"].get("latency", {})
-        lines.append(
-            f"| {v['rate']:,.0f} | {v['achieved_rate']:,.0f} | {fmt_ms(lat.get('p50'))} | "
-            f"{fmt_ms(lat.get('p99'))} | {v['figures'].get('slope', math.nan):.3f} | "
-            f"{'yes' if v['sustained'] else 'no: ' + v['why_not']} |"
-        )
-    return "\n".join(lines)
+    return result
 
 
 # --------------------------------------------------------------------------- main
@@ -494,9 +483,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--mode",
-        choices=["auto", "ramp", "fixed", "drain"],
+        choices=["auto", "ramp", "fixed", "drain", "idle"],
         default="auto",
-        help="auto: ramp, then a fixed run at half of its peak",
+        help="auto: ramp, then a fixed run at half of its peak; idle: the workers' CPU with "
+        "no rows",
     )
     parser.add_argument("--rate", type=float, default=None, help="fixed offered rate, rows/s")
     parser.add_argument("--seconds", type=float, default=30.0, help="fixed run length")
@@ -508,6 +498,16 @@ def main() -> None:
     parser.add_argument("--drain-rows", type=int, default=3_000_000)
     parser.add_argument("--sweep", default="", help="name=v1,v2,...: one fixed run per value")
     parser.add_argument("--tag", default="", help="suffix of result file names")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="fixed runs (each with its floor), one after another"
+    )
+    parser.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after each fixed run, measure bench.latency_floor at the same rate and length "
+        "and report the ratio of the latencies to it",
+    )
     add_pipeline_arguments(parser)
     args = parser.parse_args()
     tag = (
@@ -518,6 +518,10 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     if args.mode == "drain":
         run_drain(args, f"drain-{args.drain_rows}{tag}")
+        return
+    if args.mode == "idle":
+        for run in range(args.runs):
+            run_idle(args, f"idle{tag}-run{run + 1}")
         return
     rate = args.rate
     if args.mode in ("auto", "ramp") and rate is None:
@@ -539,8 +543,22 @@ def main() -> None:
             run_args = argparse.Namespace(**{**vars(args), attr: kind(value)})
             results.append(run_fixed(run_args, rate, f"fixed-{rate:.0f}-{name}={value}{tag}"))
     else:
-        results.append(run_fixed(args, rate, f"fixed-{rate:.0f}-ci{args.commit_interval}{tag}"))
+        for run in range(args.runs):
+            suffix = f"-run{run + 1}" if args.runs > 1 else ""
+            label = f"fixed-{rate:.0f}-ci{args.commit_interval}{tag}{suffix}"
+            results.append(run_fixed(args, rate, label))
     text = table(results)
+    pairs = [
+        (r["steady"]["latency"], r["floor"]["latency"])
+        for r in results
+        if "floor" in r and "latency" in r["steady"]
+    ]
+    if pairs:
+        ratios = median_ratios(pairs)
+        text += (
+            f"\n\nMedian over {len(pairs)} run(s) of the ratio to the floor measured in the same "
+            f"invocation: p50 {ratios['p50']:.2f}x, p99 {ratios['p99']:.2f}x."
+        )
     print(text)
     (RESULTS / f"table{tag}.md").write_text(text + "\n")
     if not all(r["verified"]["ok"] for r in results):

@@ -112,6 +112,7 @@ def run(
     keys: int = 100_000,
     spread: bool = False,
     trim_period: float = 0.25,
+    tick: float = 0.01,
 ) -> dict[str, Any]:
     """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
     appended after the first ``warmup`` seconds, and the exactness check."""
@@ -132,7 +133,9 @@ def run(
         ]
         for reader in readers:
             reader.start()
-        plan = ProducerPlan(steps=(Step(seconds, rate),), keys=keys, spread=spread)
+        plan = ProducerPlan(
+            steps=(Step(seconds, rate),), tick_seconds=tick, keys=keys, spread=spread
+        )
         producer = ProducerHandle(url, partitions, plan)
         try:
             produced = producer.result(timeout=seconds + 120)
@@ -156,8 +159,8 @@ def run(
         txn = store.create_transaction()
         try:
             view = ms.Transaction(txn)
-            sums, extra = read_key_sums(view, keys)
             committed = sum(view.get_int(("rows", p)) for p in range(partitions))
+            sums, extra = read_key_sums(view, keys)  # last: see Pipeline.read_results
         finally:
             txn.reset()
         queue.close()
@@ -166,6 +169,7 @@ def run(
         "rate": rate,
         "seconds": seconds,
         "spread": spread,
+        "tick": tick,
         "latency": latency,
         "producer_append_p99_ms": step["append"].get("p99_ms", float("nan")),
         "rows_appended": produced.rows,
@@ -181,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="left out of the figures")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--trim-period", type=float, default=0.25)
+    parser.add_argument("--tick", type=float, default=0.01, help="seconds between appends")
     parser.add_argument(
         "--spread", action="store_true", help="append to every partition every tick"
     )
@@ -199,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
             partitions=args.partitions,
             spread=args.spread,
             trim_period=args.trim_period,
+            tick=args.tick,
         )
         lat = r["latency"]
         figures = " | ".join(f"{lat[q] * 1000:.1f}" for q in ("p50", "p90", "p99", "p99.9", "max"))

@@ -79,6 +79,29 @@ def summarize_latency(
     }
 
 
+def median_ratios(
+    pairs: Sequence[tuple[dict[str, float], dict[str, float]]],
+) -> dict[str, float]:
+    """For each quantile of :func:`summarize_latency`, the median over ``pairs`` of
+    ``measured / floor``: latencies quoted against a floor measured beside them (in the same
+    invocation), so that runs on a loaded or a quiet machine compare.
+
+    Raises:
+        ValueError: No pair, or a floor of zero.
+    """
+    if not pairs:
+        raise ValueError("no (measured, floor) pair")
+    out = {}
+    for q in ("p50", "p90", "p99", "p99.9", "max"):
+        ratios = []
+        for measured, floor in pairs:
+            if floor[q] <= 0:
+                raise ValueError(f"the floor's {q} is {floor[q]}: not a latency")
+            ratios.append(measured[q] / floor[q])
+        out[q] = float(np.median(ratios))
+    return out
+
+
 def weighted_slope(
     x: np.ndarray | Sequence[float],
     y: np.ndarray | Sequence[float],

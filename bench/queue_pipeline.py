@@ -422,8 +422,10 @@ class Pipeline:
         txn = self._store.create_transaction()
         try:
             view = ms.Transaction(txn)
-            sums, extra = read_key_sums(view, self.keys)
+            # The counters first: on a loaded host the long range read of the sums may take
+            # the transaction past its age limit, which the next read would then raise.
             rows = {r: view.get_int(("rows", r)) for r in range(self.num_reducers)}
+            sums, extra = read_key_sums(view, self.keys)
         finally:
             txn.reset()
         if extra:
@@ -485,6 +487,12 @@ def loadavg() -> str:
         return Path("/proc/loadavg").read_text().strip()
     except OSError:
         return "n/a"
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` (all its threads) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def log(message: str) -> None:

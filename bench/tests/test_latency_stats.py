@@ -9,6 +9,7 @@ from bench.latency_stats import (
     first_time_at_or_below,
     gap_summary,
     gaps,
+    median_ratios,
     summarize_latency,
     timeline,
     weighted_quantiles,
@@ -90,3 +91,23 @@ def test_timeline_bins() -> None:
     assert rows[0]["rows"] == 2
     assert rows[0]["max"] == 0.03
     assert rows[1]["p99"] == 0.5
+
+
+def test_median_ratios_take_each_pair_against_its_own_floor() -> None:
+    floor = {"p50": 0.005, "p90": 0.01, "p99": 0.01, "p99.9": 0.02, "max": 0.04}
+    slow_floor = {q: 2 * v for q, v in floor.items()}
+    pairs = [
+        ({q: 3 * v for q, v in floor.items()}, floor),
+        ({q: 2 * v for q, v in slow_floor.items()}, slow_floor),  # a loaded run: same 2x
+        ({q: 5 * v for q, v in floor.items()}, floor),
+    ]
+    ratios = median_ratios(pairs)
+    assert ratios == pytest.approx({"p50": 3.0, "p90": 3.0, "p99": 3.0, "p99.9": 3.0, "max": 3.0})
+
+
+def test_median_ratios_refuse_no_pair_and_a_zero_floor() -> None:
+    with pytest.raises(ValueError, match="no"):
+        median_ratios([])
+    zero = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "p99.9": 0.0, "max": 0.0}
+    with pytest.raises(ValueError, match="p50"):
+        median_ratios([(zero, zero)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import millstream as ms
@@ -9,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.queue_pipeline import Collector, TimedPreAggregate, TimedSum
+from bench.queue_pipeline import Collector, TimedPreAggregate, TimedSum, process_cpu_seconds
 from bench.queue_producer import SCHEMA
 
 
@@ -100,3 +101,15 @@ def test_reduce_folds_sums_and_on_commit_reports_every_row() -> None:
         reducer.close()
     finally:
         collector.close()
+
+
+def test_process_cpu_seconds_count_work_and_not_sleep() -> None:
+    before = process_cpu_seconds(os.getpid())
+    time.sleep(0.2)
+    slept = process_cpu_seconds(os.getpid()) - before
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    worked = process_cpu_seconds(os.getpid()) - before - slept
+    assert slept < 0.1
+    assert 0.2 <= worked <= 1.0

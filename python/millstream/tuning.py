@@ -90,7 +90,11 @@ class Tuning:
         idle_seconds: Wait after a loop iteration that found nothing to do. A mapper whose
             reader can wait for rows (:class:`~millstream.inputs.WaitingReader`: a
             :class:`~millstream.inputs.StoreQueue` wakes its readers when an append
-            commits) sleeps until rows arrive, at most this long.
+            commits) sleeps until rows arrive, at most this long at first, twice as long
+            each time nothing came, up to 0.1 s (or ``trim_period_seconds``); a reducer
+            whose round found nothing sleeps until a mapper answers the call it holds, at
+            most this long, doubled the same way up to 0.1 s (or
+            ``commit_interval_seconds``).
         backoff_seconds: First wait after an error (store unreachable, conflict, mapper
             down); doubled on every further error up to ``backoff_max_seconds``.
         backoff_max_seconds: Longest wait between retries.

@@ -135,6 +135,17 @@ class RowsClient(Protocol):
 
 
 @runtime_checkable
+class AnswerWaiter(Protocol):
+    """A :class:`RowsClient` whose calls stay under way between rounds (a mapper holds a
+    call until it has rows), and that can wait for their answers."""
+
+    def wait_for_answer(self, timeout_seconds: float) -> None:
+        """Return once a call under way unanswered so far is answered, at most
+        ``timeout_seconds`` later (that long when there is none)."""
+        ...
+
+
+@runtime_checkable
 class RowsWaiter(Protocol):
     """A handler that can also wait for rows (a GetRows that found none may wait)."""
 

@@ -252,6 +252,20 @@ class GrpcRowsClient:
                 results.append(exc)
         return results
 
+    def wait_for_answer(self, timeout_seconds: float) -> None:
+        """Return once a call under way is answered, at most ``timeout_seconds`` later: a
+        reducer whose round found nothing to commit sleeps on its calls, which its mappers
+        hold until they have rows, instead of for a fixed time while rows may be arriving.
+
+        Only calls still unanswered when the wait starts end it: an answer already there
+        that no round takes (a round without calls, its mappers gone from discovery) would
+        otherwise end every wait at once, a busy loop."""
+        waiting = [future for _, future in self._under_way.values() if not future.done()]
+        if waiting:
+            self._wait_for_any(waiting, timeout_seconds)
+        else:
+            time.sleep(timeout_seconds)
+
     @staticmethod
     def _wait_for_any(futures: list[grpc.Future], timeout: float) -> None:
         """Wait until one of ``futures`` is done, at most ``timeout`` seconds: with nothing

@@ -11,7 +11,7 @@ from typing import Any
 
 import millstream as ms
 import pyarrow as pa
-from millstream.rpc.calls import GetRowsCall, GetRowsResult
+from millstream.rpc.calls import AnswerWaiter, GetRowsCall, GetRowsResult, NotAnsweredYet
 from millstream.rpc.client import GrpcRowsClient
 from millstream.rpc.server import RowsServer
 from millstream.testing import MemoryInput
@@ -183,3 +183,51 @@ def test_a_call_for_a_later_round_acknowledges_at_once_and_answers_with_later_ro
         assert isinstance(result, GetRowsResult)
         assert result.row_count == 500
         assert result.last_shuffle_row_index == 749
+
+
+def test_a_reducer_waiting_after_an_empty_round_wakes_when_its_held_call_is_answered(
+    tmp_path: Path,
+) -> None:
+    """A round that found nothing leaves its call under way (the mapper holds it); the
+    reducer's pause after it (:meth:`GrpcRowsClient.wait_for_answer`, here an hour) ends as
+    soon as rows reach the mapper, and the next round takes them."""
+    with serving(
+        tmp_path,
+        range(1_000),
+        worker_class=CountingMapper,
+        timeout_seconds=30.0,
+        client_options={"wait_seconds": 0.0, "first_answer_seconds": 0.0},
+    ) as (worker, address, client):
+        CountingMapper.handled = 0
+        call = GetRowsCall(0, address, "m0", 0, -1, 10_000, 1 << 20, 20.0)
+        (first,) = client.get_rows_many([call])
+        assert isinstance(first, NotAnsweredYet)  # held: no rows yet
+        deadline = time.monotonic() + 10
+        while CountingMapper.handled == 0:  # the call found the window empty
+            assert time.monotonic() < deadline, "the call never reached the mapper"
+            time.sleep(0.01)
+        pausing = threading.Thread(target=client.wait_for_answer, args=(3600.0,))
+        pausing.start()
+        try:
+            assert pausing.is_alive()
+            assert worker.ingest_once()  # rows arrive: the held call is answered
+            pausing.join(15)
+            assert not pausing.is_alive(), "the pause did not end when the call was answered"
+        finally:
+            pausing.join(3600)
+        # An answer already there ends no further pause (a round that makes no call would
+        # otherwise loop without sleeping): the pause lasts its whole timeout.
+        began = time.monotonic()
+        client.wait_for_answer(0.2)
+        assert time.monotonic() - began >= 0.2
+        (rows,) = client.get_rows_many([call])
+        assert isinstance(rows, GetRowsResult)
+        assert rows.row_count == 1_000
+
+
+def test_the_grpc_client_is_one_a_reducer_can_wait_on() -> None:
+    client = GrpcRowsClient(5.0, 1 << 20)
+    try:
+        assert isinstance(client, AnswerWaiter)
+    finally:
+        client.close()

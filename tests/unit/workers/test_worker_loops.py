@@ -185,3 +185,39 @@ def test_run_worker_rejects_bad_roles_and_indices(tmp_path: Path) -> None:
         run_worker(processor, "combiner", 0)
     with pytest.raises(ValueError, match="reducer index 2 out of range"):
         run_worker(processor, "reducer", 2)
+
+
+def test_rows_appended_after_idle_spells_are_committed_exactly_once(tmp_path: Path) -> None:
+    """Idle mappers of a store queue wait for appends with a growing timeout, and idle
+    reducers on the calls their mappers hold: rows appended in bursts between quiet
+    spells longer than every timeout (0.1 s) wake them, and each is committed once."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    queue = ms.inputs.StoreQueue(url, "in", 2)
+    processor = ms.Processor(
+        mapper=PassThrough,
+        reducer=CountRows,
+        input=queue,
+        store=url,
+        num_reducers=2,
+        tuning=dataclasses.replace(FAST, idle_seconds=0.005),
+    )
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    runner = threading.Thread(target=lambda: errors.extend(_run_all(processor, stop)))
+    bursts = [tables() for _ in range(3)]
+    runner.start()
+    try:
+        for burst in bursts:
+            stop.wait(0.5)  # a quiet spell: every idle timeout grows to its cap
+            for partition, table in enumerate(burst):
+                queue.append(partition, table)
+        for partition in range(2):
+            queue.close_partition(partition)
+        runner.join(60)
+    finally:
+        stop.set()
+        runner.join()
+        queue.close()
+    assert errors == []
+    expected = expected_counts([table for burst in bursts for table in burst])
+    assert _counts(processor) == expected

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from millstream import _core
 from millstream.api import Partitioned
+from millstream.backoff import Backoff
 from millstream.exceptions import (
     ConfigurationError,
     InputError,
@@ -369,17 +370,17 @@ class Ingestion(MapDeadLetters):
             ) from exc
         return ReadResult(batch, token, end_of_input)
 
-    def _wait_for_input(self, stop: threading.Event) -> None:
-        """Wait ``idle_seconds`` at most after a read found no rows: woken by the next
-        append when the reader can wait for rows (:class:`WaitingReader`), else asleep."""
+    def _wait_for_input(self, stop: threading.Event, idle: Backoff) -> None:
+        """Wait after a read found no rows: when the reader can wait for rows
+        (:class:`WaitingReader`), until the next append wakes it, at most ``idle.next()``
+        (its timeout grows while the partition stays empty: it only catches a lost wake);
+        else asleep for ``idle_seconds``, a poll period."""
         reader = self.reader
         if self.end_of_input or not isinstance(reader, WaitingReader):
             self.clock.sleep(self.tuning.idle_seconds, stop)
             return
         begin = self._require_window().snapshot().input_end_row_index
-        self.clock.wait(
-            lambda seconds: reader.wait_for_rows(begin, seconds), self.tuning.idle_seconds, stop
-        )
+        self.clock.wait(lambda seconds: reader.wait_for_rows(begin, seconds), idle.next(), stop)
 
 
 _EMPTY = pa.RecordBatch.from_arrays([], names=[])

@@ -110,6 +110,9 @@ class MapperWorker(Ingestion, StragglerSpill, InputTrim, MapperDrain):
     def _ingest_loop(self, stop: threading.Event, backoff: Backoff) -> None:
         t = self.tuning
         last_trim = self.clock.now()
+        # Woken by appends, a reader that can wait for rows needs its timeout only for a
+        # lost wake: an idle mapper looks at its partition less and less often.
+        idle = Backoff(t.idle_seconds, max(t.idle_seconds, min(0.1, t.trim_period_seconds)))
         while not stop.is_set():
             progressed = False
             if not self.end_of_input:
@@ -144,5 +147,7 @@ class MapperWorker(Ingestion, StragglerSpill, InputTrim, MapperDrain):
             if self.is_drained():
                 self.mark_drained()
                 return
-            if not progressed:
-                self._wait_for_input(stop)
+            if progressed:
+                idle.reset()
+            else:
+                self._wait_for_input(stop, idle)

@@ -26,6 +26,7 @@ from millstream.ledger import (
 )
 from millstream.ledger.spill import spill_pending
 from millstream.outputs import finish_publishing
+from millstream.rpc.calls import AnswerWaiter
 from millstream.workers.reducer_worker import drain
 from millstream.workers.reducer_worker.figures import ReducerFigures
 from millstream.workers.reducer_worker.plain_round import PlainRound
@@ -142,7 +143,8 @@ class ReducerWorker(PlainRound, ReducerFigures):
         fetch hit its row or byte cap, the mappers are behind (then they hold the next
         fetch until a full commit's worth of rows gathers, see :attr:`gathering`), or every
         mapper has drained; polls an
-        idle processor less and less often, down to ten times a second; and backs off
+        idle processor less and less often, down to ten times a second, woken in between
+        by the answer of a call its mappers hold (:meth:`_wait_idle`); and backs off
         after errors (thesis 4.4.2 step 1).
         """
         t = self.tuning
@@ -190,4 +192,15 @@ class ReducerWorker(PlainRound, ReducerFigures):
                 cadence.observe(self.last_transaction_seconds)
                 last_start = started
             else:
-                self.clock.sleep(idle.next(), stop)
+                self._wait_idle(idle.next(), stop)
+
+    def _wait_idle(self, seconds: float, stop: threading.Event) -> None:
+        """After a round that committed nothing: wait ``seconds`` at most, woken by the
+        answer of a call still under way (a mapper answers a held call as soon as rows
+        reach its window), so that rows arriving meanwhile do not wait for the rest of the
+        pause; a client that keeps no call under way sleeps."""
+        client = self.rows_client
+        if isinstance(client, AnswerWaiter):
+            self.clock.wait(client.wait_for_answer, seconds, stop)
+        else:
+            self.clock.sleep(seconds, stop)
