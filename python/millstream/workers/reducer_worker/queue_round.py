@@ -59,8 +59,9 @@ class QueueRound:
         every pending row to ``process``, commit the finished prefix per mapper with what
         it wrote. Returns whether a transaction was committed.
 
-        ``process`` runs when rows arrived, the ended mappers changed, or the last round's
-        commit failed; a round that finishes and writes nothing commits nothing.
+        ``process`` runs when rows arrived, the ended mappers changed, the last round's
+        commit failed, or the reducer's :meth:`~millstream.Reducer.timer_due` says time
+        passed; a round that finishes and writes nothing commits nothing.
         """
         queue = self.pending
         changed = queue.follow(state.committed_row_indices)
@@ -105,7 +106,11 @@ class QueueRound:
         # said its input ended: rows after it exist nowhere, in the window or spilled.
         ended = frozenset(drained) | frozenset(self._ended)
         if not len(queue) or not (
-            arrived or changed or ended != self._told_ended or self._view_cut
+            arrived
+            or changed
+            or ended != self._told_ended
+            or self._view_cut
+            or worker.user.timer_due()
         ):
             return False
         pending = queue.view(ended, self._pending_share)
