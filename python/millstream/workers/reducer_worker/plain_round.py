@@ -6,7 +6,6 @@ import dataclasses
 
 from millstream.api import Transaction
 from millstream.exceptions import (
-    DeadLetterCapError,
     TransactionTooLargeError,
     TransactionTooOldError,
     UserCodeError,
@@ -126,12 +125,8 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
                     )
                     break
                 except UserCodeError as exc:
-                    if (
-                        self.tuning.on_user_error != "dead_letter"
-                        or letters
-                        or isinstance(exc, DeadLetterCapError)
-                        or exc.__cause__ is None
-                    ):
+                    cause = self.bisectable(exc, bool(letters))
+                    if cause is None:
                         raise
                     origins: list[Origin] = [
                         (m, state.committed_row_indices[m] + 1, part.num_rows)
@@ -141,9 +136,7 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
                         (m, state.committed_row_indices[m] + 1, count)
                         for m, count in zip(senders, counts, strict=True)
                     ]
-                    batch, letters = self.split_off_dead_letters(
-                        batch, origins, exc.__cause__, what
-                    )
+                    batch, letters = self.split_off_dead_letters(batch, origins, cause, what)
         except (TransactionTooLargeError, TransactionTooOldError) as exc:
             if batch.num_rows <= 1 and isinstance(exc, TransactionTooLargeError):
                 raise TransactionTooLargeError(
