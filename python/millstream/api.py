@@ -393,6 +393,21 @@ class Reducer(ABC):
         key group) needs nothing: the new owner of a key group finds it where it is.
         """
 
+    def timer_due(self) -> bool:
+        """Whether the reducer has something to do because time passed, though no rows
+        came: asked after each round that fetched none (the loop's waits between rounds
+        pace the asking). False by default. For output that depends on the clock as well
+        as on rows, such as event-time panes whose idle partitions stop holding the
+        watermark after a timeout. Return quickly."""
+        return False
+
+    def on_timer(self, txn: Transaction) -> None:  # noqa: B027 (optional hook)
+        """Called when :meth:`timer_due` says so, in a transaction that commits what it
+        writes with the reducer's unchanged committed indices (nothing written: nothing
+        committed). A :class:`~millstream.QueueReducer`'s ``process`` is called instead,
+        over its pending rows. Like :meth:`reduce`: if it raises, nothing of it is
+        committed."""
+
     def figures(self) -> Mapping[str, int | float]:
         """Figures of the reducer's own for its status (``millstream status``, the
         metrics), by name, such as the event-time panes' ``late_rows``. Called from the

@@ -180,8 +180,9 @@ class Tuning:
             dead-letter queue once each (``millstream dead-letters``), and the rest go on
             (:mod:`millstream.ledger.dead_letters`). A batch that raises costs about
             ``2 k log2(n / k)`` more calls for ``k`` bad rows of ``n``; one that does not
-            raise costs nothing more. A ``QueueReducer``'s ``process`` is not bisected:
-            its errors stop the run.
+            raise costs nothing more. A ``QueueReducer``'s ``process`` is bisected over
+            its pending rows; a row it raises on becomes a dead letter in the commit that
+            finishes it.
         dead_letter_max_rows: With ``"dead_letter"``, the most dead letters the processor
             may hold (both stages, all workers): a batch that would take it past them
             stops the run with :class:`~millstream.exceptions.DeadLetterCapError`, nothing

@@ -5,8 +5,9 @@ dead-letter write itself so that exactly the transaction holding them fails.
 
 - A mapper's: the batch's rows do not enter the window, no record lands, and the batch is
   mapped again and its dead letters recorded once.
-- A reducer's: the good rows' effects, the dead letters and the committed indices are
-  dropped together; the next round commits them together, once.
+- A reducer's (``reduce``, or a queue reducer's ``process``): the good rows' effects, the
+  dead letters and the committed indices are dropped together; the next round commits
+  them together, once.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.support.dead_letter_jobs import (
     MAP_POISON,
     REDUCE_POISON,
     PoisonedPassThrough,
+    PoisonedQueueSum,
     PoisonedSum,
     good_sums,
     poison_values,
@@ -65,11 +67,14 @@ def fail_commit_after_writing(module: Any, monkeypatch: pytest.MonkeyPatch) -> l
     return armed
 
 
-def setup(tmp_path: Path) -> tuple[ms.Processor, FaultyStore, list[pa.Table]]:
+def setup(
+    tmp_path: Path, reducer: type[ms.Reducer] = PoisonedSum
+) -> tuple[ms.Processor, FaultyStore, list[pa.Table]]:
     tables = poisoned_tables(1, ROWS)
     processor = ms.Processor(
         mapper=PoisonedPassThrough,
-        reducer=PoisonedSum,
+        reducer=reducer,
+        config={"gather_rows": 1},  # a queue reducer finishes its rows every round
         input=MemoryInput(tables),
         store=f"sqlite:///{tmp_path / 'state.db'}",
         num_reducers=1,
@@ -116,10 +121,11 @@ def test_a_failed_mapper_dead_letter_commit_pushes_nothing_and_is_redone_once(
     assert counts == {("map", 0): len(map_values)}
 
 
+@pytest.mark.parametrize("reducer", [PoisonedSum, PoisonedQueueSum], ids=["reduce", "process"])
 def test_a_failed_reducer_dead_letter_commit_drops_the_round_whole_and_redoes_it_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disarmed: None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disarmed: None, reducer: type[ms.Reducer]
 ) -> None:
-    processor, store, tables = setup(tmp_path)
+    processor, store, tables = setup(tmp_path, reducer)
     clock = ManualClock()
     mapper = MapperWorker(processor, 0, store, clock=clock)
     mapper.start_ingestion()

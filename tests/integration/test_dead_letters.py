@@ -1,7 +1,7 @@
 """Dead letters in whole runs: under kill -9 of random workers with 1 % poison rows (half
-raising in ``map``, half in ``reduce``), every good row's effect is committed once and
-every poison row is in the dead-letter queue once; ``millstream status``, the metrics and
-``millstream dead-letters`` show them."""
+raising in ``map``, half in ``reduce`` or a queue reducer's ``process``), every good row's
+effect is committed once and every poison row is in the dead-letter queue once;
+``millstream status``, the metrics and ``millstream dead-letters`` show them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.support.chaos import run_killed
 from tests.support.dead_letter_jobs import (
     MAP_POISON,
     REDUCE_POISON,
+    PoisonedQueueSum,
     PoisonedSum,
     SlowPoisonedPassThrough,
     good_sums,
@@ -30,13 +31,15 @@ from tests.support.metrics import scrape, total
 ROWS = 60_000
 
 
-def dead_letter_processor(tmp_path: Path, **changes: object) -> ms.Processor:
+def dead_letter_processor(
+    tmp_path: Path, reducer: type[ms.Reducer] = PoisonedSum, **changes: object
+) -> ms.Processor:
     data = write_keyed_input(tmp_path / "in", ROWS, partitions=2, unique_values=True)
     return keyed_processor(
         data,
         tmp_path / "state.db",
         mapper=SlowPoisonedPassThrough,
-        reducer=PoisonedSum,
+        reducer=reducer,
         tune=tuning(on_user_error="dead_letter", dead_letter_max_rows=None, **changes),
         config={"map_seconds": 0.04},
     )
@@ -56,12 +59,17 @@ def check_exactly_once(processor: ms.Processor, data: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [46, 4602])
+@pytest.mark.parametrize(
+    ("seed", "reducer"),
+    [(46, PoisonedSum), (4602, PoisonedSum), (4603, PoisonedQueueSum)],
+    ids=["reduce-46", "reduce-4602", "process-4603"],
+)
 def test_kill_9_with_poison_rows_commits_good_rows_once_and_poison_rows_once(
-    tmp_path: Path, seed: int
+    tmp_path: Path, seed: int, reducer: type[ms.Reducer]
 ) -> None:
     processor = dead_letter_processor(
         tmp_path,
+        reducer,
         batch_rows=2_000,
         memory_limit_bytes=200_000,
         commit_interval_seconds=0.1,

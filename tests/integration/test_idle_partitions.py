@@ -18,7 +18,7 @@ from millstream.cli import collect_status
 from millstream.outputs import ParquetSink
 from millstream.runner.local import LocalRunner
 
-from tests.support.jobs import EVENT_PANES, panes_of, panes_with_late, tuning
+from tests.support.jobs import EVENT_PANES, panes_of, panes_with_late, tuning, written_panes
 from tests.support.metrics import scrape, total
 
 MINUTE = 60_000
@@ -107,4 +107,66 @@ def test_panes_close_while_a_partition_is_silent(tmp_path: Path, reducer: type[m
     assert panes_with_late(sink, late) == panes_of(pa.concat_tables(appended))
     counted = ms.event_time.late_rows(processor)
     assert counted == sum(late.read()["n"].to_pylist()) >= 1
+    queue.close()
+
+
+@pytest.mark.parametrize(
+    "reducer",
+    [ms.event_time.PaneReducer, ms.event_time.PendingPaneReducer],
+    ids=["stored", "pending"],
+)
+def test_panes_close_when_every_partition_falls_silent(
+    tmp_path: Path, reducer: type[ms.Reducer]
+) -> None:
+    """Partition 0 stops at 150 s of event time, partition 1 at 330 s, and then no row
+    comes at all: once the timeout runs out with no new row, the watermark stops being
+    held by partition 0, and the panes it passes close on the clock alone. A row partition
+    0 sends afterwards for a closed pane is late, not lost."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    queue = ms.inputs.StoreQueue(url, "events", 2, prefix=("input",))
+    sink = ParquetSink(url, "per-minute", str(tmp_path / "out"))
+    late = ParquetSink(url, "late", str(tmp_path / "late"))
+    processor = ms.Processor(
+        mapper=ms.event_time.PaneMapper,
+        reducer=reducer,
+        input=queue,
+        store=url,
+        num_reducers=2,
+        name="silent",
+        config={"panes": dataclasses.replace(EVENT_PANES, late_output="late", idle_timeout=1.0)},
+        outputs=[sink, late],
+        tuning=tuning(batch_rows=2_000),  # each partition's rows come in one batch
+    )
+
+    def rows(ts: np.ndarray) -> pa.Table:
+        return pa.table({"ts": ts, "key": ts % 7, "value": ts % 1_000})
+
+    appended = [rows(np.arange(0, 150_000, 100)), rows(np.arange(0, 330_000, 200))]
+    for partition, table in enumerate(appended):
+        queue.append(partition, table)
+    everything = pa.concat_tables(appended)
+    # Every partition is silent: the watermark is partition 1's latest time, 329.8 s.
+    closing = everything.filter(pa.compute.less(everything["ts"], 5 * MINUTE))
+    runner = LocalRunner(processor)
+    runner.start()
+    try:
+        expected = panes_of(closing)
+        _until(
+            lambda: sink.read().num_rows >= len(expected),
+            "the panes the silent partitions' latest times pass close",
+        )
+        assert written_panes(sink) == expected
+        late_row = rows(np.array([10_000], dtype=np.int64))
+        queue.append(0, late_row)
+        appended.append(late_row)
+        _until(lambda: ms.event_time.late_rows(processor) == 1, "the late row is counted")
+        for p in range(2):
+            queue.close_partition(p)
+        runner.wait(timeout=120)
+    finally:
+        runner.stop()
+    assert late.read().to_pylist() == [
+        {"window_start": 0, "window_end": MINUTE, "key": 4, "n": 1, "total": 0, "high": 0}
+    ]
+    assert panes_with_late(sink, late) == panes_of(pa.concat_tables(appended))
     queue.close()

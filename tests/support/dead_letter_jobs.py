@@ -84,3 +84,22 @@ def poison_values(table: pa.Table, residue: int) -> list[int]:
     """The values of the rows that poison a stage, in order."""
     values = table["value"]
     return sorted(values.filter(_poison(values, residue)).to_pylist())
+
+
+class PoisonedQueueSum(ms.QueueReducer):
+    """:class:`PoisonedSum` as a queue reducer: gathers pending rows until it holds
+    ``config["gather_rows"]`` (default 500) or every input ended, then adds their values
+    per ``key`` and finishes them all; raises on any round whose pending rows hold a
+    reduce-poison row (after writing the others' sums: bisection must drop those writes).
+    A poison row therefore waits, pending, over several rounds before it is finished."""
+
+    def process(self, pending: ms.PendingRows, txn: ms.Transaction) -> None:
+        rows = pending.rows
+        gathered = len(pending) >= int(self.config.get("gather_rows", 500))
+        if gathered or len(pending.ended_partitions) == self.spec.num_partitions:
+            sums = rows.group_by("key").aggregate([("value", "sum")])
+            txn.add_many(("sum",), sums["key"].combine_chunks(), sums["value_sum"].combine_chunks())
+            pending.finish_all()
+        poison = rows["value"].filter(_poison(rows["value"], REDUCE_POISON))
+        if len(poison):
+            raise ValueError(f"process cannot take value {poison[0].as_py()}")

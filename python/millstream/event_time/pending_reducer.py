@@ -142,6 +142,12 @@ class PendingPaneReducer(QueueReducer, UsesPanes):
             if watermark is not None and watermark != closed:
                 txn.set(self._space("closed"), pack((watermark,)))
 
+    def timer_due(self) -> bool:
+        """Whether an idle partition's timeout ran out since the watermark was last
+        computed (:meth:`IdlePartitions.due`): ``process`` then runs over the pending rows
+        with no new one, and closes the panes the watermark passes."""
+        return self._idle is not None and self._idle.due()
+
     def _count_late(
         self,
         txn: Transaction,

@@ -105,26 +105,49 @@ class PaneReducer(Reducer, UsesPanes):
     # -- reduce ------------------------------------------------------------------------------
 
     def reduce(self, batch: pa.RecordBatch, txn: Transaction) -> None:
+        table = pa.Table.from_batches([batch])
+        self._advance(txn, table, table.schema.field(WATERMARK).type)
+
+    def timer_due(self) -> bool:
+        """Whether an idle partition's timeout ran out since the watermark was last
+        computed (:meth:`IdlePartitions.due`), or that computation's commit was not
+        confirmed: the watermark may close panes with no new row."""
+        if self._idle is None or self.panes.idle_seconds is None:
+            return False
+        return self._pending is not None or self._idle.due()
+
+    def on_timer(self, txn: Transaction) -> None:
+        """Compute the watermark again with no new row, and close the panes it passes."""
+        state = self._current(txn, Plan.of(self.panes))
+        if state.kind is not None:
+            self._advance(txn, None, state.kind)
+
+    def _advance(self, txn: Transaction, table: pa.Table | None, kind: pa.DataType) -> None:
+        """Fold ``table``'s partials and watermark rows (None: no rows) into the state,
+        and emit the panes the watermark closes."""
         panes = self.panes
         plan = Plan.of(panes)
         state = self._current(txn, plan)
         self._late.begin(txn)
-        table = pa.Table.from_batches([batch])
-        is_mark = pc.is_valid(table[PARTITION])
-        marks_rows = table.filter(is_mark)
-        partials = table.filter(pc.invert(is_mark))
-        kind = state.kind or table.schema.field(WATERMARK).type
+        if table is None:
+            marks_rows = partials = None
+        else:
+            is_mark = pc.is_valid(table[PARTITION])
+            marks_rows = table.filter(is_mark)
+            partials = table.filter(pc.invert(is_mark))
+        kind = state.kind or kind
         size, _, lateness = panes.ticks(kind)
         # Panes closed so far are exactly those the last committed close passed.
         closed_before = state.closed
-        if closed_before is not None and partials.num_rows:
+        if closed_before is not None and partials is not None and partials.num_rows:
             keep = pc.greater(pc.add(partials[START], size + lateness), closed_before)
             if not pc.all(keep).as_py():
                 self._late.count(txn, partials.filter(pc.invert(keep)), panes, plan, kind)
                 partials = partials.filter(keep)
-        partials = partials.select([START, plan.key, *plan.names])
+        if partials is not None:
+            partials = partials.select([START, plan.key, *plan.names])
         marks = dict(state.marks)
-        if marks_rows.num_rows:
+        if marks_rows is not None and marks_rows.num_rows:
             got = marks_rows.group_by(PARTITION, use_threads=False).aggregate([(WATERMARK, "max")])
             for p, t in zip(
                 got[PARTITION].to_pylist(),
@@ -133,7 +156,8 @@ class PaneReducer(Reducer, UsesPanes):
             ):
                 marks[int(p)] = max(marks.get(int(p), _NO_TIME), int(t))
         parts = [p for p in (state.open, partials) if p is not None and p.num_rows]
-        merged = merge(parts, plan) if parts else partials
+        merged = merge(parts, plan) if parts else partials if partials is not None else state.open
+        assert merged is not None  # a state with a kind has its open panes (maybe none)
         watermark = self._watermark(marks)
         if watermark is not None and state.closed is not None:
             watermark = max(watermark, state.closed)  # never reopens a closed pane
@@ -148,8 +172,8 @@ class PaneReducer(Reducer, UsesPanes):
         if done.num_rows:
             self._emit(txn, finish(done, panes, plan, kind))
             store_layout.clear(txn, done, plan, self.spec.key_groups)
-        changed = still_open
-        if partials.num_rows:
+        changed = still_open.slice(0, 0) if partials is None else still_open
+        if partials is not None and partials.num_rows:
             touched = partials.select([START, plan.key])
             changed = still_open.join(
                 touched.group_by([START, plan.key]).aggregate([]),

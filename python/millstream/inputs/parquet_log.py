@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from millstream.exceptions import ConfigurationError, InputError, SchemaEvolutionError
 from millstream.inputs.base import ReadResult
-from millstream.schema_unification import evolve
+from millstream.schema_unification import common_type, evolve
 
 SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
 _TOKEN = struct.Struct("<qq")
@@ -54,7 +54,11 @@ class ParquetLog:
             as written, one schema per batch); an unsafe change stops the run with an
             :class:`~millstream.exceptions.InputError` naming the file and the column.
         columns: Read only these columns (the mapper sees nothing else). Skipping columns
-            the mapper does not use saves most of the decoding.
+            the mapper does not use saves most of the decoding. A column added later (a
+            safe change: nullable) reads as nulls from the files written before it, of
+            the type the log's files that have it unify to; a column no file of the log
+            has, or one that is ``not null`` where it exists, stops the read with an
+            :class:`~millstream.exceptions.InputError` naming the column and the file.
     """
 
     path: str
@@ -100,7 +104,7 @@ class ParquetLog:
             raise ConfigurationError(
                 f"partition {partition} out of range: {self.path} has {len(parts)} partitions"
             )
-        return ParquetLogReader(parts[partition], columns=self.columns)
+        return ParquetLogReader(parts[partition], columns=self.columns, log_partitions=parts)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -113,6 +117,21 @@ def _file_rows(path: str, size: int, mtime_ns: int) -> int:
         file.close()
 
 
+@functools.lru_cache(maxsize=4096)
+def _file_schema(path: str, size: int, mtime_ns: int) -> pa.Schema:
+    """The schema of one input file, from its footer (``size`` and ``mtime_ns`` key the
+    cache)."""
+    if path.endswith(".parquet"):
+        return pq.read_schema(path)
+    with pa.memory_map(path) as source:
+        return ipc.open_file(source).schema
+
+
+def _schema_of(path: Path) -> pa.Schema:
+    stat = path.stat()
+    return _file_schema(str(path), stat.st_size, stat.st_mtime_ns)
+
+
 def _describe(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
@@ -120,9 +139,16 @@ def _describe(schema: pa.Schema) -> str:
 class _File:
     """One open input file, read a row group (Parquet) or record batch (IPC) at a time."""
 
-    def __init__(self, path: Path, columns: list[str] | None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        columns: list[str] | None,
+        absent: Callable[[Path, pa.Schema, list[str]], list[pa.Field]] | None = None,
+    ) -> None:
         self.path = path
         self._columns = columns
+        self._absent: list[pa.Field] = []
+        """Columns asked for that the file lacks: read as nulls."""
         self._parquet: pq.ParquetFile | None = None
         self._ipc: ipc.RecordBatchFileReader | None = None
         self._map: pa.MemoryMappedFile | None = None
@@ -139,12 +165,22 @@ class _File:
         if columns is not None:
             missing = [c for c in columns if c not in schema.names]
             if missing:
-                raise InputError(
-                    f"input file {path} has no column(s) {missing} (it has {schema.names}); "
-                    "fix the ParquetLog's columns or the file"
-                )
-            schema = pa.schema([schema.field(c) for c in columns])
+                if absent is None:
+                    raise InputError(
+                        f"input file {path} has no column(s) {missing} (it has "
+                        f"{schema.names}); fix the ParquetLog's columns or the file"
+                    )
+                self._absent = absent(path, schema, missing)
+                self._columns = [c for c in columns if c in schema.names]
+            filled = {field.name: field for field in self._absent}
+            written = pa.schema([schema.field(c) for c in columns if c not in filled])
+            schema = pa.schema([filled[c] if c in filled else schema.field(c) for c in columns])
+        else:
+            written = schema
         self.schema = schema
+        """The schema its rows are read in (the columns asked for, absent ones null)."""
+        self.written = written
+        """The schema of its columns asked for that it has: what schema evolution checks."""
         self.starts = [0]
         for size in sizes:
             self.starts.append(self.starts[-1] + size)
@@ -165,6 +201,11 @@ class _File:
             if self._columns is not None:
                 batch = batch.select(self._columns)
             table = pa.Table.from_batches([batch])
+        if self._absent:
+            columns = {name: table[name] for name in table.column_names}
+            for field in self._absent:
+                columns[field.name] = pa.chunked_array([pa.nulls(table.num_rows, field.type)])
+            table = pa.table([columns[name] for name in self.schema.names], schema=self.schema)
         return table.combine_chunks()
 
     def close(self) -> None:
@@ -178,10 +219,24 @@ class ParquetLogReader:
     """Reads one partition directory; the continuation token is (file index, row offset).
 
     Holds one file open and one row group in memory at a time.
+
+    Args:
+        directory: The partition's directory.
+        columns: Read only these columns (see :class:`ParquetLog`).
+        log_partitions: Every partition directory of the log: where the type of a column
+            this partition's early files lack is looked for (the directory alone if not
+            given).
     """
 
-    def __init__(self, directory: Path, *, columns: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        columns: Sequence[str] | None = None,
+        log_partitions: Sequence[Path] = (),
+    ) -> None:
         self._dir = directory
+        self._log_partitions = list(log_partitions) or [directory]
         self._files = sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES)
         self._columns = list(columns) if columns is not None else None
         self._unified: list[pa.Schema] = []
@@ -214,15 +269,15 @@ class ParquetLogReader:
         """Check that the file's schema is a safe change of the files before it, and
         record the unified schema through it (the first time it is seen)."""
         if file_index == 0:
-            unified = file.schema
+            unified = file.written
         else:
             before = self._unified_through(file_index - 1)
             try:
-                unified = evolve(before, file.schema)
+                unified = evolve(before, file.written)
             except SchemaEvolutionError as exc:
                 raise InputError(
                     f"schema change inside partition {self._dir}: {file.path} "
-                    f"({_describe(file.schema)}) is not a safe change of the files before it "
+                    f"({_describe(file.written)}) is not a safe change of the files before it "
                     f"({_describe(before)}): {exc}. Rewrite the file with a safe change (see "
                     "millstream.schema_unification) and restart the processor"
                 ) from exc
@@ -243,9 +298,54 @@ class ParquetLogReader:
     def _open_checked(self, file_index: int) -> _File:
         path = self._files[file_index]
         try:
-            return _File(path, self._columns)
+            return _File(path, self._columns, self._absent_columns)
         except (pa.ArrowException, OSError) as exc:
             raise self._guard(path, exc) from exc
+
+    def _absent_columns(self, path: Path, schema: pa.Schema, names: list[str]) -> list[pa.Field]:
+        """The columns ``names``, which the file at ``path`` lacks, as nullable fields of
+        the type the log's files that have them unify to: the file reads them as nulls.
+
+        Raises:
+            InputError: A column is in no file of the log, is ``not null`` in a file, or
+                has types with no common one.
+        """
+        found: dict[str, list[tuple[Path, pa.Field]]] = {name: [] for name in names}
+        for directory in self._log_partitions:
+            for other in sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES):
+                try:
+                    other_schema = _schema_of(other)
+                except (pa.ArrowException, OSError) as exc:
+                    raise self._guard(other, exc) from exc
+                for name in names:
+                    if name in other_schema.names:
+                        found[name].append((other, other_schema.field(name)))
+        fields = []
+        for name in names:
+            if not found[name]:
+                raise InputError(
+                    f"ParquetLog(columns=...) names column {name!r}, which no file of the log "
+                    f"has (input file {path} has {schema.names}); fix the columns or the files"
+                )
+            kind = found[name][0][1].type
+            for other, field in found[name]:
+                if not field.nullable:
+                    raise InputError(
+                        f"column {name!r} is not null in input file {other} but input file "
+                        f"{path} has no such column, so its rows have no value there; write "
+                        "the column as nullable, or leave it out of ParquetLog(columns=...)"
+                    )
+                joined = common_type(kind, field.type)
+                if joined is None:
+                    raise InputError(
+                        f"column {name!r} is {field.type} in input file {other} and {kind} "
+                        f"in files before it: the types hold different kinds of values, so "
+                        f"input file {path}, which lacks the column, cannot read it as nulls "
+                        "of one type; rewrite the files with compatible types"
+                    )
+                kind = joined
+            fields.append(pa.field(name, kind, nullable=True))
+        return fields
 
     def _read_group(self, file: _File, group: int) -> pa.Table:
         if self._group is not None and self._group[0] == group:

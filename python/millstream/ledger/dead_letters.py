@@ -17,7 +17,9 @@ writing a row's record again writes the same key:
   position among that partition's rows in the fetch. Written in the transaction that
   commits the other rows' effects and the reducer's new committed indices, so the records
   land with them or not at all; a fetch's first shuffle index is never fetched from again
-  once it commits, so no two commits share a key.
+  once it commits, so no two commits share a key. A queue reducer's ``process`` (whose
+  rows stay pending over rounds) keys a row by its own shuffle index, position 0, and
+  writes it in the commit that finishes it: the same key however many rounds it waited.
 
 A record holds the row itself (one-row Arrow IPC stream: every Arrow type the row has comes
 back), the error's text, and the key's fields. The counters under ``("dead-letter-count",
@@ -50,9 +52,10 @@ class DeadLetter:
         stage: ``"map"`` or ``"reduce"``.
         partition: The input partition the row came from.
         index: ``map``: the row's input row index; ``reduce``: the first shuffle index of
-            the reducer's fetch from ``partition`` that held the row.
-        position: ``reduce``: the row's position among ``partition``'s rows in that fetch;
-            ``map``: 0.
+            the reducer's fetch from ``partition`` that held the row (a queue reducer's
+            ``process``: the row's shuffle index).
+        position: ``reduce``: the row's position among ``partition``'s rows in that fetch
+            (a queue reducer's ``process``: 0); ``map``: 0.
         reducer: ``reduce``: the reducer's index; ``map``: -1.
         error: What the user's code raised on the row alone (``repr`` of the exception).
         row: The row (a one-row batch, as ``map`` or ``reduce`` received it).

@@ -160,8 +160,30 @@ def test_the_watermark_leaves_out_ended_and_idle_partitions() -> None:
     assert watermark({0: 100, 1: 40, 2: 75}, 3, frozenset(), idle) == 75
     assert watermark({0: 100, 1: 40, 2: 75}, 3, frozenset({0, 1, 2}), idle) == END_OF_TIME
     assert watermark({0: 100}, 3, frozenset(), IdlePartitions(None)) is None
-    now[0] = 20.0  # every partition idle: the watermark stays where it is
-    assert watermark({0: 100, 1: 40, 2: 75}, 3, frozenset(), idle) is None
+    now[0] = 20.0  # every partition idle: the latest time any of them reported
+    assert watermark({0: 100, 1: 40, 2: 75}, 3, frozenset(), idle) == 100
+    assert watermark({}, 3, frozenset(), idle) is None
+
+
+def test_idle_partitions_are_due_when_a_timeout_runs_out_with_no_new_time() -> None:
+    now = [0.0]
+    idle = IdlePartitions(10.0, clock=lambda: now[0])
+    assert not idle.due()  # nothing looked at yet
+    idle.idle({0: 5, 1: 3}, [0, 1])
+    now[0] = 4.0
+    idle.idle({0: 6, 1: 3}, [0, 1])  # partition 1's time stays from 0 s, partition 0's from 4 s
+    now[0] = 9.9
+    assert not idle.due()
+    now[0] = 10.0
+    assert idle.due()  # partition 1's timeout ran out, with no new row
+    assert idle.idle({0: 6, 1: 3}, [0, 1]) == {1}
+    assert not idle.due()
+    now[0] = 14.0
+    assert idle.due()  # partition 0's too
+    assert idle.idle({0: 6, 1: 3}, [0, 1]) == {0, 1}
+    now[0] = 1_000.0
+    assert not idle.due()  # every one idle: nothing more turns idle
+    assert not IdlePartitions(None, clock=lambda: now[0]).due()
 
 
 @pytest.mark.parametrize("reducer", REDUCERS, ids=["stored", "pending"])

@@ -20,6 +20,7 @@ from tests.support.dead_letter_jobs import (
     MAP_POISON,
     REDUCE_POISON,
     PoisonedPassThrough,
+    PoisonedQueueSum,
     PoisonedSum,
     good_sums,
     poison_values,
@@ -31,10 +32,15 @@ from tests.support.worker_fixtures import Cluster
 ROWS = 2_000
 
 
-def processor(tmp_path: Path, tables: list[pa.Table], **tuning: Any) -> ms.Processor:
+def processor(
+    tmp_path: Path,
+    tables: list[pa.Table],
+    reducer: type[ms.Reducer] = PoisonedSum,
+    **tuning: Any,
+) -> ms.Processor:
     return ms.Processor(
         mapper=PoisonedPassThrough,
-        reducer=PoisonedSum,
+        reducer=reducer,
         input=MemoryInput(tables),
         store=f"sqlite:///{tmp_path / 'state.db'}",
         num_reducers=2,
@@ -47,11 +53,12 @@ def letters_of(p: ms.Processor) -> list[ms.DeadLetter]:
         return ms.read_dead_letters(txn)
 
 
+@pytest.mark.parametrize("reducer", [PoisonedSum, PoisonedQueueSum], ids=["reduce", "process"])
 def test_poison_rows_become_dead_letters_once_and_every_other_row_commits(
-    tmp_path: Path,
+    tmp_path: Path, reducer: type[ms.Reducer]
 ) -> None:
     tables = poisoned_tables(2, ROWS)
-    p = processor(tmp_path, tables)
+    p = processor(tmp_path, tables, reducer)
     run_in_process(p)
     everything = pa.concat_tables(tables)
     assert read_output(p, "sum") == good_sums(everything)
@@ -71,7 +78,7 @@ def test_poison_rows_become_dead_letters_once_and_every_other_row_commits(
         assert d.row.schema == tables[0].schema
         assert d.reducer in (0, 1)
         assert d.row["value"][0].as_py() // ROWS == d.partition
-        assert "reduce cannot take value" in d.error
+        assert "cannot take value" in d.error
     with p.open_store() as store, store.read() as txn:
         counts = dead_letter_counts(txn)
     assert sum(n for (stage, _), n in counts.items() if stage == "map") == len(mapped)
@@ -105,10 +112,11 @@ def test_a_replayed_batch_rewrites_its_dead_letters_without_counting_them_again(
         }
 
 
+@pytest.mark.parametrize("reducer", [PoisonedSum, PoisonedQueueSum], ids=["reduce", "process"])
 def test_past_the_count_cap_the_run_stops_committing_nothing_of_that_batch(
-    tmp_path: Path,
+    tmp_path: Path, reducer: type[ms.Reducer]
 ) -> None:
-    p = processor(tmp_path, poisoned_tables(2, ROWS), dead_letter_max_rows=5)
+    p = processor(tmp_path, poisoned_tables(2, ROWS), reducer, dead_letter_max_rows=5)
     with pytest.raises(DeadLetterCapError, match=r"over tuning.dead_letter_max_rows \(5\)"):
         run_in_process(p)
     assert 0 < len(letters_of(p)) <= 5

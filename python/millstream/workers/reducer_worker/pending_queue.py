@@ -35,6 +35,8 @@ class PendingQueue:
         self._indices: list[list[np.ndarray]] = [[] for _ in range(num_mappers)]
         self.arrived = 0
         """Rows added since the last :meth:`view`."""
+        self._viewed: list[tuple[int, int]] = []
+        """(mapper, rows) of the last :meth:`view`, in its order."""
 
     def follow(self, committed: tuple[int, ...]) -> bool:
         """Align with the committed indices read from the store: drop the rows at or below
@@ -107,7 +109,13 @@ class PendingQueue:
                 "must return columns of compatible types"
             ) from exc
         arrived, self.arrived = self.arrived, 0
+        self._viewed = kept
         return PendingRows(rows, mappers, ended, arrived)
+
+    def viewed_indices(self) -> np.ndarray:
+        """The shuffle index of each row of the last :meth:`view` (int64)."""
+        indices = [np.concatenate(self._indices[m])[:keep] for m, keep in self._viewed]
+        return np.concatenate(indices) if indices else np.zeros(0, np.int64)
 
     def committed_after(self, prefix: dict[int, int]) -> tuple[int, ...]:
         """The committed indices once ``prefix`` (mapper: rows finished from its first

@@ -6,7 +6,6 @@ import dataclasses
 
 from millstream.api import Transaction
 from millstream.exceptions import (
-    DeadLetterCapError,
     TransactionTooLargeError,
     TransactionTooOldError,
     UserCodeError,
@@ -38,7 +37,7 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
         """
         calls = self._round_calls(state, live)
         if not calls and not self._spill_pending:
-            return False
+            return self._run_timer(state)
         _, max_bytes = self._caps(len(live))
         results = self._get_rows(calls)
         answered = [result for result in results if isinstance(result, GetRowsResult)]
@@ -91,7 +90,7 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
             )
             self.capped = self.capped or size >= max_bytes
         if not payloads and not spilled:
-            return False
+            return self._run_timer(state)
         batch = decode_rows(self.index, payloads, senders)
         if spilled:
             batch = self._with_spilled(batch, [part for part, _, _ in spilled.values()])
@@ -126,12 +125,8 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
                     )
                     break
                 except UserCodeError as exc:
-                    if (
-                        self.tuning.on_user_error != "dead_letter"
-                        or letters
-                        or isinstance(exc, DeadLetterCapError)
-                        or exc.__cause__ is None
-                    ):
+                    cause = self.bisectable(exc, bool(letters))
+                    if cause is None:
                         raise
                     origins: list[Origin] = [
                         (m, state.committed_row_indices[m] + 1, part.num_rows)
@@ -141,9 +136,7 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
                         (m, state.committed_row_indices[m] + 1, count)
                         for m, count in zip(senders, counts, strict=True)
                     ]
-                    batch, letters = self.split_off_dead_letters(
-                        batch, origins, exc.__cause__, what
-                    )
+                    batch, letters = self.split_off_dead_letters(batch, origins, cause, what)
         except (TransactionTooLargeError, TransactionTooOldError) as exc:
             if batch.num_rows <= 1 and isinstance(exc, TransactionTooLargeError):
                 raise TransactionTooLargeError(
@@ -177,4 +170,22 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
                 ReducerState(tuple(new)), live
             ):
                 self.acknowledge(calls, new, senders)
+        return committed
+
+    def _run_timer(self, state: ReducerState) -> bool:
+        """After a round that fetched no rows: the user's ``on_timer`` if ``timer_due``,
+        committed with the unchanged committed indices. Returns whether it committed."""
+        if not self.user.timer_due():
+            return False
+
+        def on_timer(txn: StoreTransaction, outputs: StagedOutputs) -> Round | None:
+            what = f"on_timer of reducer {self.index} raised"
+            self._user_code(lambda: self.user.on_timer(Transaction(txn, outputs)), what)
+            if txn.write_size == 0 and outputs.empty:
+                return None
+            return Round(state, 0, {})
+
+        committed = self._reduce_and_commit(state, on_timer, 0, {})
+        if committed:
+            self._notify_commit()
         return committed

@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING
 
 from millstream import _core
 from millstream.api import Transaction
-from millstream.exceptions import TransactionTooLargeError, TransactionTooOldError
+from millstream.exceptions import TransactionTooLargeError, TransactionTooOldError, UserCodeError
 from millstream.ledger import ReducerState, WorkerInfo
+from millstream.ledger.dead_letters import DeadLetter
 from millstream.outputs import StagedOutputs
 from millstream.queue_reducer import PendingRows, QueueReducer
 from millstream.rpc.calls import GetRowsResult, NotAnsweredYet
 from millstream.state import StoreTransaction
+from millstream.workers.reducer_worker.pending_dead_letters import PendingDeadLetters
 from millstream.workers.reducer_worker.pending_queue import PendingQueue
 from millstream.workers.reducer_worker.round_record import Round
 
@@ -44,6 +46,8 @@ class QueueRound:
         self._pending_share = 1.0
         """The share of each mapper's pending rows ``process`` sees (below 1 after a round
         too large for one transaction)."""
+        self.poison_rows = PendingDeadLetters()
+        """The pending rows ``process`` raised on (``on_user_error="dead_letter"``)."""
         self._view_cut = False
         """Whether the last ``process`` saw only part of the pending rows (then the next
         round shows it the rest, whatever arrived)."""
@@ -59,8 +63,9 @@ class QueueRound:
         every pending row to ``process``, commit the finished prefix per mapper with what
         it wrote. Returns whether a transaction was committed.
 
-        ``process`` runs when rows arrived, the ended mappers changed, or the last round's
-        commit failed; a round that finishes and writes nothing commits nothing.
+        ``process`` runs when rows arrived, the ended mappers changed, the last round's
+        commit failed, or the reducer's :meth:`~millstream.Reducer.timer_due` says time
+        passed; a round that finishes and writes nothing commits nothing.
         """
         queue = self.pending
         changed = queue.follow(state.committed_row_indices)
@@ -105,7 +110,11 @@ class QueueRound:
         # said its input ended: rows after it exist nowhere, in the window or spilled.
         ended = frozenset(drained) | frozenset(self._ended)
         if not len(queue) or not (
-            arrived or changed or ended != self._told_ended or self._view_cut
+            arrived
+            or changed
+            or ended != self._told_ended
+            or self._view_cut
+            or worker.user.timer_due()
         ):
             return False
         pending = queue.view(ended, self._pending_share)
@@ -123,13 +132,19 @@ class QueueRound:
         if worker.rescaling and not handing_over:
             pending.ended_partitions = frozenset()
         step = user.hand_over if handing_over else user.process
+        what = f"{step.__name__} of reducer {worker.index} raised on {len(pending)} pending rows"
+        dead = self.poison_rows
+        aside = dead.set_aside(queue, pending)
+        letters: list[DeadLetter] = []
 
         def process(txn: StoreTransaction, outputs: StagedOutputs) -> Round | None:
-            worker._user_code(
-                lambda: step(pending, Transaction(txn, outputs)),
-                f"{step.__name__} of reducer {worker.index} raised on {len(pending)} pending rows",
-            )
-            prefix = pending.finished_prefix()
+            whole, seen, kept = dead.without(pending, aside)
+            worker._user_code(lambda: step(seen, Transaction(txn, outputs)), what)
+            dead.finish_aside(whole, seen, kept, aside)
+            prefix = whole.finished_prefix()
+            letters[:] = dead.letters(queue, whole, aside, worker.index)
+            if letters:
+                worker.record_reduce_dead_letters(txn, letters, sum(prefix.values()))
             new = queue.committed_after(prefix)
             if new == state.committed_row_indices and txn.write_size == 0 and outputs.empty:
                 self._told_ended = ended  # nothing to commit: the round is settled
@@ -139,7 +154,17 @@ class QueueRound:
             return Round(ReducerState(new), sum(prefix.values()), consumed)
 
         try:
-            committed = worker._reduce_and_commit(state, process, fetched_bytes, {})
+            bisected = False
+            while True:
+                try:
+                    committed = worker._reduce_and_commit(state, process, fetched_bytes, {})
+                    break
+                except UserCodeError as exc:
+                    cause = worker.bisectable(exc, bisected)
+                    if cause is None:
+                        raise
+                    dead.bisect(worker, queue, pending, aside, step, cause, what)
+                    aside, bisected = dead.set_aside(queue, pending), True
         except (TransactionTooLargeError, TransactionTooOldError) as exc:
             if len(pending) <= 1 and isinstance(exc, TransactionTooLargeError):
                 raise TransactionTooLargeError(
@@ -161,6 +186,8 @@ class QueueRound:
         if committed:
             self._pending_share = min(1.0, self._pending_share * 2)
         if committed and worker.last_state is not None:
+            worker.dead_letters += len(letters)
+            dead.forget(worker.last_state.committed_row_indices)
             queue.follow(worker.last_state.committed_row_indices)
             self._told_ended = ended
             worker._notify_commit()

@@ -14,13 +14,17 @@ commit (the store, a conflict) drops the records with the rest: a later round wr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 
 from millstream.api import Transaction
 from millstream.exceptions import (
+    DeadLetterCapError,
     RetryableStoreError,
     StoreUnavailableError,
     TransactionTooLargeError,
+    UserCodeError,
 )
 from millstream.ledger import reduced_key
 from millstream.ledger.dead_letters import DeadLetter
@@ -34,9 +38,28 @@ Origin = tuple[int, int, int]
 """Where a stretch of a round's rows came from: ``(partition, first shuffle index of the
 fetch, rows)``, in the round's order."""
 
+STORE_ERRORS = (RetryableStoreError, StoreUnavailableError, TransactionTooLargeError)
+"""Errors of a reducer's bisection step that are the store's, not the rows': raised as
+they come."""
+
 
 class ReduceDeadLetters(ReducerCommit):
     """Dead letters of ``reduce`` (a part of :class:`ReducerWorker`)."""
+
+    store_errors = STORE_ERRORS
+
+    def bisectable(self, exc: UserCodeError, bisected: bool) -> BaseException | None:
+        """What the user's code raised in a round's commit ``exc``, if the round's rows
+        are to be bisected for it (None: the error stops the run): with
+        ``on_user_error="dead_letter"``, once per round (``bisected``: done already),
+        never for the cap."""
+        if (
+            self.tuning.on_user_error != "dead_letter"
+            or bisected
+            or isinstance(exc, DeadLetterCapError)
+        ):
+            return None
+        return exc.__cause__
 
     def split_off_dead_letters(
         self, batch: pa.RecordBatch, origins: list[Origin], error: BaseException, what: str
@@ -50,9 +73,9 @@ class ReduceDeadLetters(ReducerCommit):
         """
         split = split_off_failures(
             batch,
-            self._reduce_apart,
+            lambda rows: self.run_apart(lambda txn: self.user.reduce(rows, txn)),
             error,
-            passes=(RetryableStoreError, StoreUnavailableError, TransactionTooLargeError),
+            passes=STORE_ERRORS,
             what=what,
         )
         letters = []
@@ -77,12 +100,13 @@ class ReduceDeadLetters(ReducerCommit):
             )
         return split.kept, letters
 
-    def _reduce_apart(self, rows: pa.RecordBatch) -> None:
-        """``reduce`` on ``rows`` in a transaction that is reset: a bisection step."""
+    def run_apart(self, code: Callable[[Transaction], object]) -> None:
+        """The user's ``code`` in a transaction that is reset (its writes and staged
+        outputs dropped): a bisection step."""
         txn = ReplayingTransaction(self.store)
         try:
             with self.time_spent.spent_on("reduce"):
-                self.user.reduce(rows, Transaction(txn, self._staged_outputs()))
+                code(Transaction(txn, self._staged_outputs()))
         finally:
             txn.reset()
 
