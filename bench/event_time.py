@@ -137,6 +137,11 @@ def millstream_child(args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
     store = f"sqlite:///{run_dir / 'state.db'}"
     queue = ms.inputs.StoreQueue(store, "per-minute", num_partitions=2)
+    # Held open, this connection keeps the other connections' closes from checkpointing
+    # the log (and deleting it), so that the whole log can be kept (``--keep-log``).
+    holder = sqlite3.connect(run_dir / "state.db") if args.keep_log else None
+    if holder is not None:
+        holder.execute("SELECT count(*) FROM sqlite_master").fetchall()
     panes = per_minute(args.disorder_ms)
     first = ms.Processor(
         mapper=ms.event_time.PaneMapper,
@@ -157,6 +162,9 @@ def millstream_child(args: argparse.Namespace) -> None:
         name="results",
     )
     ms.run_local_pipeline([first, second])
+    if holder is not None:
+        shutil.copyfile(run_dir / "state.db-wal", args.keep_log)
+        holder.close()
     from millstream.state import open_store
 
     results = open_store(store, prefix=("results",))
@@ -289,6 +297,7 @@ def measure(system: str, data: Path, args: argparse.Namespace) -> dict[str, Any]
         str(spark_delay_ms(args)),
         "--reducer",
         args.reducer,
+        *(["--keep-log", args.keep_log] if args.keep_log else []),
     ]
     launch = time.time()
     status, report = run_subprocess(command, env=env)
@@ -305,6 +314,7 @@ def measure(system: str, data: Path, args: argparse.Namespace) -> dict[str, Any]
         "system": system if system == "spark" else f"{system} ({args.reducer})",
         "rows": args.rows,
         "seconds": round(seconds, 2),
+        "cpu_seconds": round(report.cpu_seconds, 2),
         "written_bytes": report.write_bytes,
         "net_written_bytes": report.net_write_bytes,
         "written_per_input_byte": round(report.write_bytes / size, 4),
@@ -335,6 +345,12 @@ def main() -> None:
         default="pending",
         help="millstream's pane reducer: open panes' partials stored with each commit "
         "(PaneReducer) or pending in the mappers' windows (PendingPaneReducer)",
+    )
+    parser.add_argument(
+        "--keep-log",
+        default=None,
+        help="millstream: copy the store's whole write-ahead log here at the end "
+        "(read it with bench.wal_pages; the copy is not counted in the bytes written)",
     )
     parser.add_argument("--system", choices=("both", "millstream", "spark"), default="both")
     parser.add_argument("--child", choices=("millstream", "spark"), help=argparse.SUPPRESS)
