@@ -8,7 +8,8 @@ the log of a run tells, for every commit, which pages it wrote and which keys th
 
 - a leaf page of the key-value table is labelled by the keys of its cells (its most
   frequent label), an overflow page by the key whose value continues on it;
-- index pages (the key index), interior pages and the delta runs' table are labelled as
+- a leaf page of the key index by its keys, as ``key index: <label>``;
+- interior pages and the delta runs' table are labelled as
   such; rows of the delta runs' table (their first column is not a key) as
   ``(delta runs)``.
 
@@ -109,47 +110,72 @@ def _leaf_cells(page: bytes, base: int, usable: int) -> list[tuple[str, int]]:
     return out
 
 
+def _index_cells(page: bytes, base: int) -> list[str]:
+    """Label of each cell of a leaf page of the key index (keys are short: no overflow)."""
+    count = struct.unpack_from(">H", page, base + 3)[0]
+    out = []
+    for i in range(count):
+        at = struct.unpack_from(">H", page, base + 8 + 2 * i)[0]
+        _, at = _varint(page, at)
+        header_size, p = _varint(page, at)
+        key_type, _ = _varint(page, p)
+        key = page[at + header_size : at + header_size + max(0, (key_type - 12) // 2)]
+        out.append(label_of(key))
+    return out
+
+
+def _label_commit(frames: list[tuple[int, bytes]], usable: int) -> list[str]:
+    """Labels of one commit's frames. SQLite writes a commit's pages in page order, so an
+    overflow page may come before the leaf that points to it: leaves are read first."""
+    pages = dict(frames)
+    owner: dict[int, str] = {}
+    for number, page in pages.items():
+        base = 100 if number == 1 else 0
+        if page[base] == 0x0D:
+            for cell_label, overflow in _leaf_cells(page, base, usable):
+                while overflow in pages and overflow not in owner:
+                    owner[overflow] = cell_label + " overflow"
+                    overflow = struct.unpack_from(">I", pages[overflow], 0)[0]
+    labels = []
+    for number, page in frames:
+        base = 100 if number == 1 else 0
+        kind = page[base]
+        if number in owner:
+            label = owner[number]
+        elif kind == 0x0D:
+            counts = Counter(cell_label for cell_label, _ in _leaf_cells(page, base, usable))
+            label = counts.most_common(1)[0][0] if counts else "(empty table leaf)"
+        elif kind == 0x0A:
+            counts = Counter(_index_cells(page, base))
+            label = "key index: " + (counts.most_common(1)[0][0] if counts else "empty")
+        elif kind in (0x02, 0x05):
+            label = "interior page"
+        else:
+            label = "other page (free list, schema)"
+        labels.append(label)
+    return labels
+
+
 def read_log(path: Path) -> LogBytes:
     """Parse a SQLite write-ahead log and label each frame's page."""
     data = path.read_bytes()
     page_size = struct.unpack_from(">I", data, 8)[0]
     result = LogBytes(page_size)
     frame_bytes = FRAME_HEADER + page_size
-    overflow_owner: dict[int, str] = {}
-    in_commit = 0
+    frames: list[tuple[int, bytes]] = []
     at = HEADER
     while at + frame_bytes <= len(data):
         number, after_commit = struct.unpack_from(">II", data, at)
-        page = data[at + FRAME_HEADER : at + frame_bytes]
+        frames.append((number, data[at + FRAME_HEADER : at + frame_bytes]))
         at += frame_bytes
-        result.frames += 1
-        in_commit += 1
-        result.distinct_pages.add(number)
-        base = 100 if number == 1 else 0
-        kind = page[base]
-        if number in overflow_owner:
-            label = overflow_owner.pop(number) + " overflow"
-            following = struct.unpack_from(">I", page, 0)[0]
-            if following:
-                overflow_owner[following] = label[: -len(" overflow")]
-        elif kind == 0x0D:
-            cells = _leaf_cells(page, base, page_size)
-            for cell_label, overflow in cells:
-                if overflow:
-                    overflow_owner[overflow] = cell_label
-            counts = Counter(cell_label for cell_label, _ in cells)
-            label = counts.most_common(1)[0][0] if counts else "(empty table leaf)"
-        elif kind == 0x0A:
-            label = "key index leaf"
-        elif kind in (0x02, 0x05):
-            label = "interior page"
-        else:
-            label = "other page (free list, schema)"
-        result.by_label[label] += frame_bytes
         if after_commit:
+            for label in _label_commit(frames, page_size):
+                result.by_label[label] += frame_bytes
+            result.frames += len(frames)
             result.commits += 1
-            result.frames_per_commit.append(in_commit)
-            in_commit = 0
+            result.frames_per_commit.append(len(frames))
+            result.distinct_pages.update(number for number, _ in frames)
+            frames = []
     return result
 
 
