@@ -245,9 +245,9 @@ def test_a_column_the_queue_cannot_read_back_is_refused_at_the_append(
 
 
 def test_chunks_are_stored_compressed_and_uncompressed_ones_still_read(directory: Path) -> None:
-    """A chunk of repetitive rows takes a fraction of its Arrow size in the store; a chunk
-    an earlier release stored uncompressed (the batch's plain IPC message) reads back the
-    same rows."""
+    """A chunk of repetitive rows takes a fraction of its Arrow size in the store, a small
+    one is stored plain; a chunk an earlier release stored uncompressed (the batch's plain
+    IPC message) reads back the same rows."""
     url = f"sqlite:///{directory / 'q.db'}"
     starts = np.repeat(np.arange(20, dtype=np.int64) * 60_000, 500)
     rows = pa.record_batch(
@@ -260,6 +260,12 @@ def test_chunks_are_stored_compressed_and_uncompressed_ones_still_read(directory
         chunks = txn.get_range_startswith(space)
     assert [key[-3:-1] for key, _ in chunks] == [(0, rows.num_rows)]
     assert len(b"".join(value for _, value in chunks)) * 10 < rows.nbytes
+    small = StoreQueue(url, "small", 1)
+    small.append(0, rows.slice(0, 10))  # under COMPRESS_MIN_BYTES: stored plain
+    with queue.store.read() as txn:
+        stored = txn.get_range_startswith((*QUEUES, "small", 0, "rows"))
+    assert [value for _, value in stored] == [rows.slice(0, 10).serialize().to_pybytes()]
+    small.store.close()
 
     def store_uncompressed(txn: StoreTransaction) -> None:
         txn.clear_range_startswith(space)
