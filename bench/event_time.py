@@ -20,8 +20,10 @@ row count and the sum of ``value``; rows may be ``--disorder-ms`` late.
 
 Each system runs in a child process whose whole process tree is measured from outside
 (:mod:`bench.io_meter`: ``write_bytes`` of ``/proc/<pid>/io``, net of cancelled writes);
-both results are compared with the panes pyarrow computes alone. Reported: seconds from
-launch to done and bytes written per input byte (the input's Parquet bytes).
+both results are read afterwards, outside the measured tree, and compared with the panes
+pyarrow computes alone. Reported: seconds from launch to done, CPU seconds of the tree,
+and bytes written per input byte (the input's Parquet bytes). ``--keep-log FILE`` keeps a
+copy of millstream's store log for :mod:`bench.wal_pages` (where the bytes go).
 
 Run: ``.venv/bin/python -m bench.event_time --rows 2000000`` (``--system millstream`` or
 ``spark`` for one of them). Results go to ``bench/results/event_time/``.
@@ -132,11 +134,16 @@ def millstream_child(args: argparse.Namespace) -> None:
     """Run the two-stage pipeline to the end; write the results as JSON."""
     import millstream as ms
 
-    from bench.event_time_jobs import ByPane, ResultsIntoStore, decode_result
+    from bench.event_time_jobs import ByPane, ResultsIntoStore
 
     run_dir = Path(args.run_dir)
     store = f"sqlite:///{run_dir / 'state.db'}"
     queue = ms.inputs.StoreQueue(store, "per-minute", num_partitions=2)
+    # Held open, this connection keeps the other connections' closes from checkpointing
+    # the log (and deleting it), so that the whole log can be kept (``--keep-log``).
+    holder = sqlite3.connect(run_dir / "state.db") if args.keep_log else None
+    if holder is not None:
+        holder.execute("SELECT count(*) FROM sqlite_master").fetchall()
     panes = per_minute(args.disorder_ms)
     first = ms.Processor(
         mapper=ms.event_time.PaneMapper,
@@ -157,14 +164,23 @@ def millstream_child(args: argparse.Namespace) -> None:
         name="results",
     )
     ms.run_local_pipeline([first, second])
+    if holder is not None:
+        shutil.copyfile(run_dir / "state.db-wal", args.keep_log)
+        holder.close()
+    queue.close()  # the last connection: it checkpoints the log, in the measured tree
+
+
+def millstream_results(run_dir: Path) -> dict[tuple[int, int], tuple[int, int]]:
+    """The pipeline's ``(window_start, key) -> (n, total)``, read after its run."""
     from millstream.state import open_store
 
-    results = open_store(store, prefix=("results",))
+    from bench.event_time_jobs import decode_result
+
+    results = open_store(f"sqlite:///{run_dir / 'state.db'}", prefix=("results",))
     with results.read() as txn:
         rows = txn.get_range_startswith(("out", "result"))
     results.close()
-    out = {f"{key[-2]},{key[-1]}": list(decode_result(value)) for key, value in rows}
-    (run_dir / "results.json").write_text(json.dumps(out))
+    return {(key[-2], key[-1]): decode_result(value) for key, value in rows}
 
 
 # --------------------------------------------------------------------------- spark
@@ -237,11 +253,14 @@ def spark_child(args: argparse.Namespace) -> None:
         raise RuntimeError(f"streaming query failed: {query.exception()}")
     query.stop()
     spark.stop()
-    con = sqlite3.connect(sink_path)
+
+
+def spark_results(run_dir: Path) -> dict[tuple[int, int], tuple[int, int]]:
+    """Spark's ``(window_start, key) -> (n, total)``, read after its run."""
+    con = sqlite3.connect(run_dir / "sink.db")
     rows = con.execute("SELECT window_start, key, n, total FROM result").fetchall()
     con.close()
-    out = {f"{s},{k}": [n, t] for s, k, n, t in rows}
-    (run_dir / "results.json").write_text(json.dumps(out))
+    return {(s, k): (n, t) for s, k, n, t in rows}
 
 
 # --------------------------------------------------------------------------- parent
@@ -289,22 +308,24 @@ def measure(system: str, data: Path, args: argparse.Namespace) -> dict[str, Any]
         str(spark_delay_ms(args)),
         "--reducer",
         args.reducer,
+        *(["--keep-log", args.keep_log] if args.keep_log else []),
     ]
     launch = time.time()
     status, report = run_subprocess(command, env=env)
     seconds = time.time() - launch
     if status != 0:
         raise RuntimeError(f"{system} child failed with status {status}")
-    got = {
-        tuple(int(x) for x in k.split(",")): tuple(v)
-        for k, v in json.loads((run_dir / "results.json").read_text()).items()
-    }
+    log = run_dir / "state.db-wal"
+    if log.exists() and log.stat().st_size:
+        raise RuntimeError(f"{log} left behind: its checkpoint would not be measured")
+    got = (spark_results if system == "spark" else millstream_results)(run_dir)
     want = expected(data)
     size = input_bytes(data)
     return {
         "system": system if system == "spark" else f"{system} ({args.reducer})",
         "rows": args.rows,
         "seconds": round(seconds, 2),
+        "cpu_seconds": round(report.cpu_seconds, 2),
         "written_bytes": report.write_bytes,
         "net_written_bytes": report.net_write_bytes,
         "written_per_input_byte": round(report.write_bytes / size, 4),
@@ -335,6 +356,12 @@ def main() -> None:
         default="pending",
         help="millstream's pane reducer: open panes' partials stored with each commit "
         "(PaneReducer) or pending in the mappers' windows (PendingPaneReducer)",
+    )
+    parser.add_argument(
+        "--keep-log",
+        default=None,
+        help="millstream: copy the store's whole write-ahead log here at the end "
+        "(read it with bench.wal_pages; the copy is not counted in the bytes written)",
     )
     parser.add_argument("--system", choices=("both", "millstream", "spark"), default="both")
     parser.add_argument("--child", choices=("millstream", "spark"), help=argparse.SUPPRESS)

@@ -8,6 +8,7 @@ landing after the worker has looked (``unknown_late``).
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 
 import pyarrow as pa
@@ -177,8 +178,12 @@ def test_a_large_append_interrupted_between_pieces_resumes_without_duplicates() 
     try:
         queue = StoreQueue(sim.store, "large", 1)  # type: ignore[arg-type]
         rows = 90_000
+        pad = random.Random(7).randbytes(92 * rows)  # incompressible: stored at its size
         batch = pa.record_batch(
-            {"row": pa.array(range(rows)), "pad": pa.array([b"x" * 92] * rows, pa.binary())}
+            {
+                "row": pa.array(range(rows)),
+                "pad": pa.array([pad[92 * i : 92 * i + 92] for i in range(rows)], pa.binary()),
+            }
         )
         producer = queue.producer("bulk")
         sim.plan.armed.extend([None, "unavailable"])  # type: ignore[list-item]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 import threading
 
 import pyarrow as pa
@@ -67,18 +68,22 @@ def test_append_read_trim_seal(store: Store) -> None:
 
 def test_values_stay_below_the_value_limit(store: Store) -> None:
     queue = StoreQueue(store, "blobs", 1)
-    big = pa.record_batch({"b": pa.array([b"x" * 250_000, b"y" * 10], pa.binary())})
+    blob = random.Random(7).randbytes(250_000)  # incompressible: stored at its size
+    big = pa.record_batch({"b": pa.array([blob, b"y" * 10], pa.binary())})
     queue.append(0, big)
     queue.append(0, big)
     got = queue.reader(0).read(0, 10, b"")
     assert got.batch is not None
-    assert got.batch.column("b").to_pylist() == [b"x" * 250_000, b"y" * 10] * 2
+    assert got.batch.column("b").to_pylist() == [blob, b"y" * 10] * 2
 
 
 def test_large_append_spans_transactions(store: Store) -> None:
     queue = StoreQueue(store, "large", 1)
     n = 200_000
-    batch = pa.record_batch({"i": pa.array(range(n), pa.int64()), "pad": [b"p" * 40] * n})
+    pad = random.Random(7).randbytes(40 * n)  # incompressible: about 10 MB stored
+    batch = pa.record_batch(
+        {"i": pa.array(range(n), pa.int64()), "pad": [pad[40 * i : 40 * i + 40] for i in range(n)]}
+    )
     assert queue.append(0, batch) == (0, n)
     assert _read_all(queue.reader(0), step=70_000) == list(range(n))
 

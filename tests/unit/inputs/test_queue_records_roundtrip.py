@@ -2,10 +2,12 @@
 
 Records (layout in :mod:`millstream.inputs.store_queue`):
 
-- ``(p, "rows", begin, end, part)``: the rows, as Arrow IPC record-batch messages split
-  over values, read back through a queue opened anew (as another process reads them), from
-  any row, in reads of any size, for every Arrow type a queue accepts; a type it cannot
-  read back (dictionary-encoded columns) is refused at the append;
+- ``(p, "rows", begin, end, part)``: the rows, as Arrow IPC record-batch messages with
+  zstd-compressed buffers split over values (chunks stored uncompressed, as earlier
+  releases did, read as they are: the test of compressed chunks below), read back
+  through a queue opened anew (as another process reads them), from any row, in reads
+  of any size, for every Arrow type a queue accepts; a type it cannot read back
+  (dictionary-encoded columns) is refused at the append;
 - ``(p, "schema")``: the partition's schema, metadata included; with the schema
   records of :mod:`millstream.inputs.queue_schemas` (``schema_from``, ``schemas``,
   ``unified``) when appends evolve it: every read returns rows in the schema they were
@@ -30,8 +32,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from millstream.exceptions import DuplicateSequenceError, InputError
-from millstream.inputs.store_queue import StoreQueue
+from millstream.inputs.store_queue import PART_BYTES, StoreQueue
+from millstream.ledger import QUEUES
 from millstream.outputs import StagedOutputs
+from millstream.state.transaction import StoreTransaction
 
 from tests.support.schema_jobs import partition_steps
 
@@ -238,6 +242,45 @@ def test_a_column_the_queue_cannot_read_back_is_refused_at_the_append(
     assert read is not None
     assert read.column(0).equals(plain)
     queue.store.close()
+
+
+def test_chunks_are_stored_compressed_and_uncompressed_ones_still_read(directory: Path) -> None:
+    """A chunk of repetitive rows takes a fraction of its Arrow size in the store, a small
+    one is stored plain; a chunk an earlier release stored uncompressed (the batch's plain
+    IPC message) reads back the same rows."""
+    url = f"sqlite:///{directory / 'q.db'}"
+    starts = np.repeat(np.arange(20, dtype=np.int64) * 60_000, 500)
+    rows = pa.record_batch(
+        {"window_start": starts, "key": np.tile(np.arange(500), 20), "n": np.ones(10_000, int)}
+    )
+    queue = StoreQueue(url, "q", 1)
+    queue.append(0, rows)
+    space = (*QUEUES, "q", 0, "rows")
+    with queue.store.read() as txn:
+        chunks = txn.get_range_startswith(space)
+    assert [key[-3:-1] for key, _ in chunks] == [(0, rows.num_rows)]
+    assert len(b"".join(value for _, value in chunks)) * 10 < rows.nbytes
+    small = StoreQueue(url, "small", 1)
+    small.append(0, rows.slice(0, 10))  # under COMPRESS_MIN_BYTES: stored plain
+    with queue.store.read() as txn:
+        stored = txn.get_range_startswith((*QUEUES, "small", 0, "rows"))
+    assert [value for _, value in stored] == [rows.slice(0, 10).serialize().to_pybytes()]
+    small.store.close()
+
+    def store_uncompressed(txn: StoreTransaction) -> None:
+        txn.clear_range_startswith(space)
+        plain = rows.serialize().to_pybytes()
+        for part, offset in enumerate(range(0, len(plain), PART_BYTES)):
+            txn.set((*space, 0, rows.num_rows, part), plain[offset : offset + PART_BYTES])
+
+    queue.store.transact(store_uncompressed)
+    queue.store.close()
+    reader = StoreQueue(url, "q", 1)
+    try:
+        got = _read(reader, 0, rows.num_rows, 3_000)
+    finally:
+        reader.store.close()
+    assert got.equals(pa.Table.from_batches([rows]))
 
 
 PRODUCER_IDS = st.text(min_size=1, max_size=200)
