@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from millstream.exceptions import DuplicateSequenceError, InputError
+from millstream.inputs import store_queue
 from millstream.inputs.store_queue import PART_BYTES, StoreQueue
 from millstream.ledger import QUEUES
 from millstream.outputs import StagedOutputs
@@ -169,22 +171,38 @@ def _read(queue: StoreQueue, begin: int, end: int, step: int) -> pa.Table:
     return pa.Table.from_batches(batches)
 
 
-@settings(max_examples=50)
-@given(batches=appends(), begin=st.integers(0, 30), step=st.integers(1, 20))
+@settings(max_examples=80)
+@given(
+    batches=appends(),
+    begin=st.integers(0, 30),
+    step=st.integers(1, 20),
+    compressed=st.booleans(),
+)
 @example(
     batches=[pa.table({"big": pa.array([b"\x00" * 150_000, None, b"x" * 95_000])})],
     begin=1,
     step=1,
+    compressed=True,
 ).via("values split over several parts")
 @example(
-    batches=[pa.table({"word": pa.array(["a", "b", "a"]).dictionary_encode()})], begin=0, step=3
+    batches=[pa.table({"word": pa.array(["a", "b", "a"]).dictionary_encode()})],
+    begin=0,
+    step=3,
+    compressed=False,
 ).via("dictionary columns landed, and then no read could decode them")
 def test_rows_of_every_type_read_back_as_appended(
-    batches: list[pa.Table], begin: int, step: int
+    batches: list[pa.Table], begin: int, step: int, compressed: bool
 ) -> None:
-    """Or, for a type the queue cannot read back, the append is refused and stores nothing."""
+    """Or, for a type the queue cannot read back, the append is refused and stores nothing.
+    ``compressed``: every chunk stored compressed, however small (else only chunks from
+    :data:`~millstream.inputs.store_queue.COMPRESS_MIN_BYTES` are, so these small ones
+    would be plain)."""
     refused = any(pa.types.is_dictionary(f.type) for f in batches[0].schema)
-    with tempfile.TemporaryDirectory() as directory:
+    smallest = 0 if compressed else store_queue.COMPRESS_MIN_BYTES
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        mock.patch.object(store_queue, "COMPRESS_MIN_BYTES", smallest),
+    ):
         url = f"sqlite:///{Path(directory) / 'q.db'}"
         writer = StoreQueue(url, "q", 1)
         for batch in batches:
