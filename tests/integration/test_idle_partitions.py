@@ -34,12 +34,11 @@ def _until(done: Callable[[], bool], what: str, step: Callable[[], None] = lambd
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize(
-    "reducer",
-    [ms.event_time.PaneReducer, ms.event_time.PendingPaneReducer],
-    ids=["stored", "pending"],
-)
-def test_panes_close_while_a_partition_is_silent(tmp_path: Path, reducer: type[ms.Reducer]) -> None:
+def _idle_job(
+    tmp_path: Path, reducer: type[ms.Reducer], name: str
+) -> tuple[ms.inputs.StoreQueue, ParquetSink, ParquetSink, ms.Processor]:
+    """Panes per minute over a two-partition store queue, idle timeout 1 s, late rows to
+    the ``late`` sink: the queue, the pane and late sinks, and the processor."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
     queue = ms.inputs.StoreQueue(url, "events", 2, prefix=("input",))
     sink = ParquetSink(url, "per-minute", str(tmp_path / "out"))
@@ -50,11 +49,21 @@ def test_panes_close_while_a_partition_is_silent(tmp_path: Path, reducer: type[m
         input=queue,
         store=url,
         num_reducers=2,
-        name="idle",
+        name=name,
         config={"panes": dataclasses.replace(EVENT_PANES, late_output="late", idle_timeout=1.0)},
         outputs=[sink, late],
         tuning=tuning(batch_rows=2_000),
     )
+    return queue, sink, late, processor
+
+
+@pytest.mark.parametrize(
+    "reducer",
+    [ms.event_time.PaneReducer, ms.event_time.PendingPaneReducer],
+    ids=["stored", "pending"],
+)
+def test_panes_close_while_a_partition_is_silent(tmp_path: Path, reducer: type[ms.Reducer]) -> None:
+    queue, sink, late, processor = _idle_job(tmp_path, reducer, "idle")
     appended: list[pa.Table] = []
     clock = [0]  # partition 0's event time, ms
 
@@ -72,7 +81,7 @@ def test_panes_close_while_a_partition_is_silent(tmp_path: Path, reducer: type[m
         return table.num_rows > 0 and start in set(table["window_start"].to_pylist())
 
     def status_late_rows() -> int:
-        status = collect_status(url, "idle", heartbeat=0.2)
+        status = collect_status(processor.store, "idle", heartbeat=0.2)
         assert status is not None
         return sum(r["late_rows"] or 0 for r in status["reducers"])
 
@@ -122,21 +131,8 @@ def test_panes_close_when_every_partition_falls_silent(
     comes at all: once the timeout runs out with no new row, the watermark stops being
     held by partition 0, and the panes it passes close on the clock alone. A row partition
     0 sends afterwards for a closed pane is late, not lost."""
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    queue = ms.inputs.StoreQueue(url, "events", 2, prefix=("input",))
-    sink = ParquetSink(url, "per-minute", str(tmp_path / "out"))
-    late = ParquetSink(url, "late", str(tmp_path / "late"))
-    processor = ms.Processor(
-        mapper=ms.event_time.PaneMapper,
-        reducer=reducer,
-        input=queue,
-        store=url,
-        num_reducers=2,
-        name="silent",
-        config={"panes": dataclasses.replace(EVENT_PANES, late_output="late", idle_timeout=1.0)},
-        outputs=[sink, late],
-        tuning=tuning(batch_rows=2_000),  # each partition's rows come in one batch
-    )
+    # each partition's rows come in one batch (batch_rows 2,000)
+    queue, sink, late, processor = _idle_job(tmp_path, reducer, "silent")
 
     def rows(ts: np.ndarray) -> pa.Table:
         return pa.table({"ts": ts, "key": ts % 7, "value": ts % 1_000})

@@ -6,9 +6,9 @@ without Kafka, and every worker process, starts without them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from millstream.first_use import on_first_use
 from millstream.inputs.base import Input, PartitionReader, ReadResult, WaitingReader
 from millstream.inputs.parquet_log import ParquetLog
 from millstream.inputs.queue_producer import QueueProducer
@@ -41,14 +41,4 @@ __all__ = [
     "WaitingReader",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _ON_FIRST_USE:
-        value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = on_first_use(__name__, _ON_FIRST_USE)

@@ -17,9 +17,9 @@ without Kafka, and every worker process, starts without it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from millstream.first_use import on_first_use
 from millstream.inputs.store_queue import StoreQueue
 from millstream.outputs.parquet_sink import STAGING, ParquetSink, StagedFile
 from millstream.outputs.staged import (
@@ -38,7 +38,10 @@ if TYPE_CHECKING:
         PublisherError,
     )
 
-_ON_FIRST_USE = frozenset({"KafkaPublisher", "KafkaSink", "KafkaTarget", "PublisherError"})
+_ON_FIRST_USE = dict.fromkeys(
+    ["KafkaPublisher", "KafkaSink", "KafkaTarget", "PublisherError"],
+    "millstream.outputs.kafka_sink",
+)
 
 __all__ = [
     "STAGING",
@@ -56,14 +59,4 @@ __all__ = [
     "seal_queues",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _ON_FIRST_USE:
-        value = getattr(importlib.import_module("millstream.outputs.kafka_sink"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = on_first_use(__name__, _ON_FIRST_USE)

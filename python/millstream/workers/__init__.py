@@ -12,8 +12,9 @@ its Prometheus metrics (:mod:`.prometheus`).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from millstream.first_use import on_first_use
 
 if TYPE_CHECKING:
     from millstream.backoff import Backoff
@@ -49,14 +50,4 @@ __all__ = [
     "run_worker",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _ON_FIRST_USE:
-        value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = on_first_use(__name__, _ON_FIRST_USE)
