@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 from millstream.ledger import REDUCER_ACTIVITIES
 
-from bench import latency_floor
+from bench import latency_floor, run_queue
 from bench.latency_report import RESULTS, print_fixed, ramp_table, save, table
 from bench.latency_stats import (
     fmt_ms,
@@ -223,10 +223,20 @@ def run_fixed(args: argparse.Namespace, rate: float, label: str) -> dict[str, An
         t0 = time.time()
         last: dict[str, float] = {}
         shares: list[tuple[float, dict[str, float]]] = []
+        # Each process's waits for a core over the steady part (bench.run_queue).
+        sched: list[tuple[float, dict[str, run_queue.Schedstat]]] = []
         while producer.poll(2.0) is None:
             if pipeline.failed():
                 raise RuntimeError(f"the processor failed: {pipeline.failed()}")
             _progress(pipeline, t0, producer, last, shares)
+            if time.time() - t0 >= args.warmup:
+                processes = {
+                    f"{role} {index}": pid for (role, index), pid in pipeline.pids().items()
+                }
+                processes["producer"] = producer.process.pid
+                sched[1:] = [(time.time(), run_queue.snapshot(processes))]
+                if len(sched) == 1:
+                    sched.append(sched[0])
         produced, summary, verified = _finish(pipeline, producer)
         samples = pipeline.collector.samples()
         step = produced.steps[0]
@@ -253,6 +263,9 @@ def run_fixed(args: argparse.Namespace, rate: float, label: str) -> dict[str, An
             "settings": {**settings(args), "seconds": args.seconds, "warmup_s": args.warmup},
             "load": [load_before, loadavg()],
         }
+        if len(sched) == 2 and sched[1][0] > sched[0][0]:
+            (begin, before), (end, after) = sched
+            result["run_queue"] = run_queue.waits(before, after, end - begin)
     finally:
         pipeline.close(keep=args.keep)
     if args.floor:

@@ -38,6 +38,7 @@ import pyarrow as pa
 from millstream.inputs import StoreQueue
 from millstream.state import StoreTransaction
 
+from bench import run_queue
 from bench.latency_stats import summarize_latency
 from bench.queue_pipeline import read_key_sums
 from bench.queue_producer import QUEUE_NAME, QUEUE_PREFIX, ProducerHandle, ProducerPlan, Step
@@ -137,7 +138,16 @@ def run(
             steps=(Step(seconds, rate),), tick_seconds=tick, keys=keys, spread=spread
         )
         producer = ProducerHandle(url, partitions, plan)
+        processes = {f"reader {p}": r.pid for p, r in enumerate(readers) if r.pid is not None}
+        processes["producer"] = producer.process.pid
+        t0 = time.time()
+        sched: list[tuple[float, dict[str, run_queue.Schedstat]]] = []
         try:
+            while producer.poll(1.0) is None:
+                if time.time() - t0 >= warmup:
+                    sched[1:] = [(time.time(), run_queue.snapshot(processes))]
+                    if len(sched) == 1:
+                        sched.append(sched[0])
             produced = producer.result(timeout=seconds + 120)
             for reader in readers:
                 reader.join(120)
@@ -175,6 +185,11 @@ def run(
         "rows_appended": produced.rows,
         "rows_committed": committed,
         "exact": exact,
+        "run_queue": (
+            run_queue.waits(sched[0][1], sched[1][1], sched[1][0] - sched[0][0])
+            if len(sched) == 2 and sched[1][0] > sched[0][0]
+            else {}
+        ),
     }
 
 

@@ -46,6 +46,18 @@ def print_fixed(result: dict[str, Any]) -> None:
             f"ms, p99 {fmt_ms(f['p99'])} ms; ratio to it: p50 {lat['p50'] / f['p50']:.2f}x, "
             f"p99 {lat['p99'] / f['p99']:.2f}x"
         )
+    for name, waits in (
+        ("", result.get("run_queue")),
+        ("the floor's ", (floor or {}).get("run_queue")),
+    ):
+        if waits:
+            log(
+                f"  {name}waits for a core (steady part; share of wall time, ms per slice): "
+                + ", ".join(
+                    f"{who} {w['wait_share']:.0%} {w['wait_ms_per_slice']:.2f}"
+                    for who, w in sorted(waits.items())
+                )
+            )
     shares = s.get("reducer_time_shares") or {}
     if any(share is not None for share in shares.values()):
         log(
