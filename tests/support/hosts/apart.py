@@ -49,7 +49,8 @@ def python_path() -> str:
 def call_apart(function: Callable[..., T], /, *args: Any, timeout: float, **kwargs: Any) -> T:
     """``function(*args, **kwargs)`` in a fresh interpreter; its result.
 
-    ``function``, the arguments and the result must pickle (a module-level function).
+    ``function``, the arguments and the result must pickle: ``function`` by a name the
+    child can import (a module's function, not ``__main__``'s).
 
     Raises:
         AssertionError: The call raised (with the child's traceback), the child died
@@ -93,8 +94,8 @@ def main(call: str, answer: str) -> int:
         raise SystemExit("stopped: the caller's timeout")
 
     signal.signal(signal.SIGTERM, stop)
-    function, args, kwargs = pickle.loads(Path(call).read_bytes())
     try:
+        function, args, kwargs = pickle.loads(Path(call).read_bytes())
         outcome: tuple[bool, Any] = (True, function(*args, **kwargs))
     except BaseException:
         outcome = (False, traceback.format_exc())

@@ -74,4 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # From the module by its name, so that ``one`` pickles for call_apart as a name its
+    # interpreter can import (not ``__main__.one``).
+    from tests.support.hosts import soak
+
+    sys.exit(soak.main())

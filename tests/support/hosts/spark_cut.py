@@ -15,9 +15,9 @@ in a seeded order (:data:`CUTS`):
   ``spark.worker.timeout``), drops it and starts its tasks again on the other host. The new
   instances register under new GUIDs and fence the old ones, which live on behind the cut
   and still reach the store: an old reducer's commit fails its state check (split brain),
-  an old mapper's persisted state is no longer its own, so it stops, and reducers ask only
-  the newest instance for rows. The cut holds until every worker of the host was started
-  again elsewhere, and a seeded while after.
+  an old mapper's writes of its state fail theirs and it restarts its ingestion, and the
+  reducers ask only the newest instance for rows. The cut holds until every worker of the
+  host was started again elsewhere, and a seeded while after.
 - ``worker_from_store`` (FoundationDB): the host is cut from the store's host only. Spark
   sees nothing wrong (the driver and the master still hear from it), so nothing is moved:
   the workers there stall on the store, every transaction failing after the store's
