@@ -51,10 +51,12 @@ def test_on_foundationdb_worker_hosts_cut_from_the_driver_and_from_the_store_sta
     assert sorted(cuts) == ["worker_from_driver", "worker_from_store"]
     _replaced_elsewhere(result, cuts["worker_from_driver"])
     # Spark saw nothing wrong with the host cut from the store: no worker moved. The
-    # reducers there committed nothing while it lasted; those on the other host (if any)
-    # went on committing, from both hosts' mappers.
+    # reducers there committed nothing while it lasted (no replaced instance of theirs
+    # lived on elsewhere to commit for them); those on the other host (if any) went on
+    # committing, from both hosts' mappers.
     store_cut = cuts["worker_from_store"]
     assert not store_cut.relaunched
-    assert store_cut.commits.get("on the cut host", 0) == 0
+    if store_cut.old_alive_at_cut == 0:
+        assert store_cut.commits.get("on the cut host", 0) == 0
     if "on the other host" in store_cut.commits:
         assert store_cut.commits["on the other host"] > 0

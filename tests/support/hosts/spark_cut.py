@@ -24,9 +24,13 @@ in a seeded order (:data:`CUTS`):
   timeout (``millstream.state.fdb_backend.DEFAULT_TIMEOUT_MS``) and retried with backoff,
   while their mappers go on serving GetRows from their windows. Reducers on the other host
   keep committing, from both hosts' mappers (a count: :attr:`SparkCut.commits`); those on
-  the cut host commit nothing. At the heal the stalled instances resume where their last
-  commit left them. The cut holds for a seeded time within :data:`STORE_HOLD_SECONDS`,
-  past the store's timeout, so that the stalled workers see transactions fail.
+  the cut host commit nothing, unless an old instance of theirs, replaced in an earlier
+  cut from the driver and not yet killed, still runs on the other host: it then commits
+  for them, rightly (its state check passes, since the stalled instance commits nothing;
+  :attr:`SparkCut.old_alive_at_cut`). At the heal the stalled instances resume where the
+  last commit left them. The cut holds for a seeded time within
+  :data:`STORE_HOLD_SECONDS`, past the store's timeout, so that the stalled workers see
+  transactions fail.
 
 A cut *lands* when the hosts' own devices report it in place while the run still runs;
 :func:`run_spark_cut` fails on a planned cut that did not.
@@ -122,8 +126,10 @@ class SparkCut:
     old_alive_at_heal: int = 0
     """Of the replaced instances, how many were still alive when the cut healed."""
     commits: dict[str, int] = field(default_factory=dict)
-    """Shuffle rows committed while the cut held, by reducers on the cut host and by the
-    others (``worker_from_store``)."""
+    """Shuffle rows committed while the cut held, for the reducers on the cut host and for
+    the others, by whichever instance (``worker_from_store``)."""
+    old_alive_at_cut: int = 0
+    """Instances replaced in earlier cuts still alive when this one was made."""
 
     def __str__(self) -> str:
         names = ", ".join(f"{r} {i}" for r, i in self.workers)
@@ -135,6 +141,7 @@ class SparkCut:
             text += ", rows committed meanwhile: " + ", ".join(
                 f"{k} {v}" for k, v in self.commits.items()
             )
+            text += f"; replaced instances still alive {self.old_alive_at_cut}"
         return text + (" landed" if self.landed else " DID NOT LAND")
 
 
@@ -174,6 +181,8 @@ class _Run:
     rng: random.Random
     hold: tuple[float, float]
     store_host: int | None
+    replaced: list[int] = field(default_factory=list)
+    """The pids of every instance replaced so far."""
 
     def wait(self, condition: Callable[[], bool], what: str) -> None:
         give_up = time.monotonic() + PATIENCE_SECONDS
@@ -237,6 +246,7 @@ def _cut_from_driver(run: _Run) -> SparkCut:
         cut.landed = in_place and not run.driver.finished()
     finally:
         run.network.heal()
+    run.replaced += cut.replaced.values()
     return cut
 
 
@@ -249,6 +259,7 @@ def _cut_from_store(run: _Run) -> SparkCut:
     assert run.store_host is not None, "a store cut needs the store on a host of its own"
     index, cut, _ = run.victim()
     cut.kind = "worker_from_store"
+    cut.old_alive_at_cut = sum(map(_alive, run.replaced))
     run.network.cut(index, [run.store_host])
     cut_at = time.monotonic()
     try:
@@ -352,7 +363,7 @@ def run_spark_cut(
             time.sleep(0.1)
         drained = time.monotonic() - healed
         summary = driver.summary()
-        old_alive = sum(_alive(pid) for cut in cuts for pid in cut.replaced.values())
+        old_alive = sum(map(_alive, run.replaced))
         log = [
             line
             for process in [driver.process, *spark.running()]
