@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         contextlib.ExitStack() as stack,
     ):
         if on_store_host:
-            url = "fdb://" + start_foundationdb(cluster.hosts[store_host], directory / "fdb")
-            processor = dataclasses.replace(processor, store=url)
+            fdb = start_foundationdb(cluster.hosts[store_host], directory / "fdb")
+            stack.callback(fdb.stop)
+            processor = dataclasses.replace(processor, store=fdb.url)
             start_fork_server(processor)  # in this machine's network: the workers move
             stack.enter_context(inside(cluster.hosts[driver]))
         runner = hosted_runner(processor, layout, cluster)

@@ -3,8 +3,8 @@
 The binaries come from ``$MILLSTREAM_FDB_HOME`` (``bin/fdbserver``, ``bin/fdbcli``,
 ``lib/libfdb_c.so``: a FoundationDB folder, such as the one built beside the repository
 in ``../shared/fdb``), else from FoundationDB's standard install paths. The cluster listens on
-a free loopback port and keeps its cluster file, data and logs in a temporary directory,
-removed when it stops.
+a free loopback port (or on a host of its own, :mod:`tests.support.hosts.cluster`) and keeps
+its cluster file, data and logs in a temporary directory, removed when it stops.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,21 +89,41 @@ def find_binaries(repo_root: Path) -> tuple[FdbBinaries | None, str]:
     return found, ""
 
 
+def _here(argv: Sequence[str]) -> list[str]:
+    return list(argv)
+
+
 class FdbCluster:
     """A one-process cluster on ``127.0.0.1:<free port>`` in a temporary directory.
 
     Args:
         binaries: The server and client to run.
         engine: The storage engine (``memory`` or ``ssd``).
+        host: Listen on this address and port instead (a host's own network, whose ports
+            are all free).
+        launch: Wraps the server's and ``fdbcli``'s command lines (to run them inside a
+            host's network: :meth:`tests.support.hosts.cluster.Host.exec_args`).
+        directory: The cluster's folder (created; removed by :meth:`stop`) instead of a
+            new temporary one.
     """
 
-    def __init__(self, binaries: FdbBinaries, engine: str = "memory") -> None:
+    def __init__(
+        self,
+        binaries: FdbBinaries,
+        engine: str = "memory",
+        *,
+        host: tuple[str, int] | None = None,
+        launch: Callable[[Sequence[str]], list[str]] = _here,
+        directory: Path | None = None,
+    ) -> None:
         self.binaries = binaries
         self.engine = engine
-        self.dir = Path(tempfile.mkdtemp(prefix="millstream-fdb-"))
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.launch = launch
+        self.dir = directory or Path(tempfile.mkdtemp(prefix="millstream-fdb-"))
+        ip, self.port = host or ("127.0.0.1", free_port())
+        self.address = f"{ip}:{self.port}"
         self.cluster_file = self.dir / "fdb.cluster"
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.cluster_file.write_text(
             f"test{uuid.uuid4().hex[:8]}:c{uuid.uuid4().hex[:8]}@{self.address}\n"
         )
@@ -124,20 +145,22 @@ class FdbCluster:
     def _spawn(self) -> None:
         log = open(self.dir / "logs" / "fdbserver.out", "ab")  # noqa: SIM115 (the child keeps it)
         self.process = subprocess.Popen(
-            [
-                str(self.binaries.fdbserver),
-                "-C",
-                str(self.cluster_file),
-                "-p",
-                self.address,
-                "-l",
-                self.address,
-                "-d",
-                str(self.dir / "data"),
-                "-L",
-                str(self.dir / "logs"),
-                "--knob_disable_posix_kernel_aio=1",
-            ],
+            self.launch(
+                [
+                    str(self.binaries.fdbserver),
+                    "-C",
+                    str(self.cluster_file),
+                    "-p",
+                    self.address,
+                    "-l",
+                    self.address,
+                    "-d",
+                    str(self.dir / "data"),
+                    "-L",
+                    str(self.dir / "logs"),
+                    "--knob_disable_posix_kernel_aio=1",
+                ]
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.binaries.env,
@@ -147,15 +170,17 @@ class FdbCluster:
     def cli(self, command: str, timeout: float = 10) -> str:
         """Run one ``fdbcli`` command against the cluster; its output."""
         done = subprocess.run(
-            [
-                str(self.binaries.fdbcli),
-                "-C",
-                str(self.cluster_file),
-                "--timeout",
-                str(int(timeout)),
-                "--exec",
-                command,
-            ],
+            self.launch(
+                [
+                    str(self.binaries.fdbcli),
+                    "-C",
+                    str(self.cluster_file),
+                    "--timeout",
+                    str(int(timeout)),
+                    "--exec",
+                    command,
+                ]
+            ),
             capture_output=True,
             text=True,
             env=self.binaries.env,
@@ -206,9 +231,17 @@ class FdbCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_cluster(binaries: FdbBinaries, engine: str = "memory") -> FdbCluster:
-    """A started cluster; stopped (and its directory removed) if starting fails."""
-    cluster = FdbCluster(binaries, engine)
+def start_cluster(
+    binaries: FdbBinaries,
+    engine: str = "memory",
+    *,
+    host: tuple[str, int] | None = None,
+    launch: Callable[[Sequence[str]], list[str]] = _here,
+    directory: Path | None = None,
+) -> FdbCluster:
+    """A started cluster (arguments as :class:`FdbCluster`'s); stopped (and its directory
+    removed) if starting fails."""
+    cluster = FdbCluster(binaries, engine, host=host, launch=launch, directory=directory)
     try:
         cluster.start()
     except BaseException:

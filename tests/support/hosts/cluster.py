@@ -35,6 +35,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.fdb_cluster import FdbCluster, find_binaries, start_cluster
+
 PREFIX = "mshost"
 """Namespaces this module creates are named ``PREFIX<pid>-<i>`` (the test process's pid)."""
 
@@ -301,32 +303,21 @@ def inside(host: Host) -> Iterator[None]:
         os.close(own)
 
 
-def start_foundationdb(host: Host, directory: Path, port: int = 4500) -> str:
-    """A one-process FoundationDB cluster on ``host`` (``../shared/fdb/start-cluster.sh``);
-    its cluster file. It runs inside the host: :meth:`Cluster.close` ends it."""
-    home = os.environ.get("MILLSTREAM_FDB_HOME") or str(FDB_HOME)
-    os.environ["MILLSTREAM_FDB_HOME"] = home
-    script = str(Path(home) / "start-cluster.sh")
-    done = subprocess.run(
-        host.exec_args([script, str(directory), str(port), host.address]),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
+def start_foundationdb(host: Host, directory: Path, port: int = 4500) -> FdbCluster:
+    """A one-process FoundationDB cluster on ``host``, its files in ``directory``, from the
+    binaries the tests find (``$MILLSTREAM_FDB_HOME``, ``../shared/fdb`` or the standard
+    install paths: :func:`tests.support.fdb_cluster.find_binaries`). It runs inside the
+    host: :meth:`FdbCluster.stop` or :meth:`Cluster.close` ends it.
+
+    Raises:
+        RuntimeError: No binaries were found (why), or the cluster did not start.
+    """
+    binaries, missing = find_binaries(Path(__file__).resolve().parents[3])
+    if binaries is None:
+        raise RuntimeError(missing)
+    return start_cluster(
+        binaries, host=(host.address, port), launch=host.exec_args, directory=directory
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"FoundationDB did not start on {host.address}: {done.stderr}")
-    return done.stdout.strip()
-
-
-FDB_HOME = Path(__file__).resolve().parents[4] / "shared" / "fdb"
-"""Where the FoundationDB binaries are unless ``$MILLSTREAM_FDB_HOME`` says otherwise."""
-
-
-def has_foundationdb() -> bool:
-    """Whether FoundationDB's binaries are there to start a cluster on a host."""
-    home = Path(os.environ.get("MILLSTREAM_FDB_HOME") or FDB_HOME)
-    return (home / "start-cluster.sh").is_file() and (home / "bin" / "fdbserver").is_file()
 
 
 @contextlib.contextmanager

@@ -206,9 +206,10 @@ def run_seed(
         store_host = None
         if store == "fdb":
             driver, store_host = layout.size, layout.size + 1
-            url = "fdb://" + start_foundationdb(cluster.hosts[store_host], directory / "fdb")
+            fdb = start_foundationdb(cluster.hosts[store_host], directory / "fdb")
+            stack.callback(fdb.stop)
             built.processors = [
-                ms.Processor(**{**p.__dict__, "store": url}) for p in built.processors
+                ms.Processor(**{**p.__dict__, "store": fdb.url}) for p in built.processors
             ]
             start_fork_server(built.processors[0])  # in this host's network: workers move
             stack.enter_context(inside(cluster.hosts[driver]))

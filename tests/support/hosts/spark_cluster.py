@@ -2,17 +2,22 @@
 
 Host 0 of a :class:`~tests.support.hosts.cluster.Cluster` runs the Spark master and the
 driver (:func:`start_driver`: a Python process started inside that host, as a driver on a
-host of its own would be; the test process stays in this machine's own network and only
-reads the store), and every other host runs a Spark worker, started with ``SPARK_LOCAL_IP``
-and ``SPARK_LOCAL_HOSTNAME`` set to the host's address, so that its executors, their Python
-workers and the mappers in them bind and advertise that address.
+host of its own would be; the test process only reads the store), and every other host
+but the store's runs a Spark worker, started with ``SPARK_LOCAL_IP`` and
+``SPARK_LOCAL_HOSTNAME`` set to the host's address, so that its executors, their Python
+workers and the mappers in them bind and advertise that address. GetRows crosses the
+hosts' links over mutual TLS.
 
-The store is SQLite: a file every host shares (namespaces cut networks, not the file
-system), so the run is ``single_host`` as far as the store goes; GetRows crosses the hosts'
-links over mutual TLS. Timeouts are short so that a worker cut from the driver is noticed
-within seconds (:data:`SPARK_CONF`, :data:`DAEMON_OPTIONS`). Every process runs inside a
-host: :meth:`Cluster.close <tests.support.hosts.cluster.Cluster.close>` kills whatever a
-failed test left there.
+The store is either SQLite, a file every host shares (namespaces cut networks, not the file
+system), so the run is ``single_host`` as far as the store goes; or FoundationDB on a host
+of its own (``store_host``), which every worker reaches over its links, and the run is not
+``single_host``: the driver's checks (:func:`millstream.spark.hosts.check_deployment`) pass
+because the store is one every host reaches and the master is on a loopback address, as on
+a real cluster whose workers advertise the addresses the others reach. Timeouts are short
+so that a worker cut from the driver is noticed within seconds (:data:`SPARK_CONF`,
+:data:`DAEMON_OPTIONS`). Every process runs inside a host:
+:meth:`Cluster.close <tests.support.hosts.cluster.Cluster.close>` kills whatever a failed
+test left there.
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import millstream as ms
+from millstream.state.fdb_backend import HOME_VARIABLE
 
+from tests.support.hosts.apart import ROOT, python_path
 from tests.support.hosts.cluster import Cluster, Host, inside
 from tests.support.spark_standalone import Process, StandaloneCluster, spark_home
-
-ROOT = Path(__file__).resolve().parents[3]
 
 HEARTBEAT_SECONDS = 1
 """An executor's heartbeat to the driver (``spark.executor.heartbeatInterval``)."""
@@ -61,9 +66,10 @@ SPARK_CONF = {
 @dataclass
 class HostedStandaloneCluster(StandaloneCluster):
     """:class:`~tests.support.spark_standalone.StandaloneCluster` with the master on host 0
-    of ``network`` and one worker on each other host."""
+    of ``network`` and one worker on each other host but ``store_host`` (FoundationDB's)."""
 
     network: Cluster = field(kw_only=True)
+    store_host: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         self.master_host = self.network.hosts[0].address
@@ -74,8 +80,8 @@ class HostedStandaloneCluster(StandaloneCluster):
         return next(h for h in self.network.hosts if h.address == address)
 
     def worker_hosts(self) -> tuple[str, ...]:
-        """Every host's address but the master's."""
-        return tuple(h.address for h in self.network.hosts[1:])
+        """Every host's address but the master's and the store's."""
+        return tuple(h.address for h in self.network.hosts[1:] if h.index != self.store_host)
 
     def launch(self, host: str, argv: list[str]) -> list[str]:
         return self.host(host).exec_args(argv)
@@ -98,13 +104,9 @@ class HostedStandaloneCluster(StandaloneCluster):
             "spark.executor.cores": str(self.cores),
             "spark.cores.max": str(self.cores * len(self.worker_hosts())),
             "spark.executorEnv.PYTHONPATH": python_path(),
+            # Where the executors' workers load libfdb_c from (a FoundationDB folder).
+            **{f"spark.executorEnv.{k}": v for k, v in os.environ.items() if k == HOME_VARIABLE},
         }
-
-
-def python_path() -> str:
-    """This process's ``PYTHONPATH`` with the repository root first (the test jobs)."""
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return os.pathsep.join(dict.fromkeys(paths))
 
 
 @dataclass
@@ -126,9 +128,15 @@ class Driver:
 
 
 def start_driver(
-    spark: HostedStandaloneCluster, processor: ms.Processor, directory: Path, timeout: float
+    spark: HostedStandaloneCluster,
+    processor: ms.Processor,
+    directory: Path,
+    timeout: float,
+    *,
+    single_host: bool,
 ) -> Driver:
-    """Start ``millstream.spark.run(processor)`` in a driver on the master's host."""
+    """Start ``millstream.spark.run(processor, single_host=...)`` in a driver on the
+    master's host."""
     directory.mkdir(parents=True, exist_ok=True)
     spec = directory / "driver.json"
     result = directory / "summary.json"
@@ -140,6 +148,7 @@ def start_driver(
                 "processor": str(directory / "processor.pickle"),
                 "executors": len(spark.worker_hosts()),
                 "timeout": timeout,
+                "single_host": single_host,
                 "result": str(result),
             }
         )

@@ -5,8 +5,9 @@
 
 It starts a SparkSession with the spec's settings, waits until every worker host's executor
 registered (so that the tasks spread over all of them), runs the pickled processor with
-``millstream.spark.run(..., single_host=True)`` (the SQLite store is a file every host
-shares) and writes the run's summary as JSON. Spark's warnings (lost executors, failed
+``millstream.spark.run(..., single_host=...)`` as the spec says (``True`` for the SQLite
+store, a file every host shares; ``False`` for FoundationDB on a host of its own) and
+writes the run's summary as JSON. Spark's warnings (lost executors, failed
 tasks) go to its log.
 """
 
@@ -43,7 +44,7 @@ def main(spec_path: str) -> int:
                 print("not every worker host's executor registered", file=sys.stderr)
                 return 1
             time.sleep(0.2)
-        summary = run(spark, processor, single_host=True, timeout=spec["timeout"])
+        summary = run(spark, processor, single_host=spec["single_host"], timeout=spec["timeout"])
         Path(spec["result"]).write_text(json.dumps(dataclasses.asdict(summary)))
         print(summary, flush=True)
         return 0
