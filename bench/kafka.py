@@ -193,7 +193,8 @@ def inputs(data: Path, bootstrap: str, topic: str) -> dict[str, Callable[[], Any
 def run_job(
     source: str, make_input: Callable[[], Any], work: Path, broker_pid: int, expected: Any
 ) -> dict[str, Any]:
-    """One drained run of the keyed sum; its wall time, rows/s and bytes written."""
+    """One drained run of the keyed sum: its wall time, the bytes written, the broker's CPU
+    seconds and the job's (this process's and its workers', as last sampled)."""
     # Workers import the mapper by its module: bench.kafka, even when run as a script.
     from bench.kafka import KafkaPreAggregate as mapper
 
@@ -208,12 +209,15 @@ def run_job(
     )
     meter = ProcessTreeMeter([os.getpid(), broker_pid], 0.2)
     meter.start()
-    broker_cpu = cpu_seconds(broker_pid)
+    broker_cpu, own_cpu = cpu_seconds(broker_pid), time.process_time()
     started = time.monotonic()
     ms.run_local(processor)
     wall = time.monotonic() - started
-    broker_cpu = cpu_seconds(broker_pid) - broker_cpu
+    broker_cpu, own_cpu = cpu_seconds(broker_pid) - broker_cpu, time.process_time() - own_cpu
     report = meter.stop()
+    mine = [
+        p for p in report.processes if p.pid != os.getpid() and broker_pid not in (p.pid, p.ppid)
+    ]
     if stored_sums(url, "keyed_sum") != expected:
         raise RuntimeError(f"{source}: the sums differ from the expected ones")
     broker = sum(p.written for p in report.processes if p.pid == broker_pid)
@@ -222,6 +226,7 @@ def run_job(
         "write_bytes": report.write_bytes,
         "broker_write_bytes": broker,
         "broker_cpu_seconds": broker_cpu,
+        "job_cpu_seconds": own_cpu + sum(p.cpu_ticks for p in mine) / os.sysconf("SC_CLK_TCK"),
     }
 
 
