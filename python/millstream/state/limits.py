@@ -16,6 +16,45 @@ from millstream.exceptions import (
     ValueTooLargeError,
 )
 
+MUTATION_BYTES = 68
+"""What FoundationDB counts for a write beyond its bytes: the mutation's and its write
+conflict range's records (measured with ``get_approximate_size`` on 7.3: a set or atomic
+add of key ``k`` and value ``v`` counts ``k + v`` for the mutation, ``2k + 1`` for its
+conflict range ``[k, k + b"\\x00")`` and this)."""
+
+CLEAR_BYTES = 48
+"""The same for a clear of one key (a clear of ``[k, k + b"\\x00")``, measured alike)."""
+
+READ_CONFLICT_BYTES = 24
+"""What FoundationDB counts for a read conflict range beyond its two keys."""
+
+
+def write_bytes(keys: int, key_bytes: int, value_bytes: int) -> int:
+    """FoundationDB's size of ``keys`` sets or atomic adds of ``key_bytes`` key and
+    ``value_bytes`` value bytes in all."""
+    return 3 * key_bytes + value_bytes + keys * (1 + MUTATION_BYTES)
+
+
+def clear_bytes(keys: int, key_bytes: int) -> int:
+    """FoundationDB's size of ``keys`` single-key clears of ``key_bytes`` bytes in all."""
+    return 4 * key_bytes + keys * (2 + CLEAR_BYTES)
+
+
+def clear_range_bytes(begin: int, end: int) -> int:
+    """FoundationDB's size of a range clear of bounds of ``begin`` and ``end`` bytes."""
+    return 2 * (begin + end) + MUTATION_BYTES
+
+
+def read_bytes(keys: int, key_bytes: int) -> int:
+    """FoundationDB's size of the read conflicts of ``keys`` single-key reads."""
+    return 2 * key_bytes + keys * (1 + READ_CONFLICT_BYTES)
+
+
+def read_range_bytes(begin: int, end: int) -> int:
+    """FoundationDB's size of a range read's conflict (its bounds; a read with a limit
+    conflicts on less, so this is an upper bound)."""
+    return begin + end + READ_CONFLICT_BYTES
+
 
 @dataclass(frozen=True)
 class StoreLimits:
@@ -24,9 +63,10 @@ class StoreLimits:
     Attributes:
         max_key_bytes: Largest key, prefix included.
         max_value_bytes: Largest value.
-        max_transaction_bytes: Largest transaction: keys and values written, ranges cleared
-            and keys and ranges read with conflict checking (approximately FoundationDB's
-            ``get_approximate_size``).
+        max_transaction_bytes: Largest transaction, counted as FoundationDB counts it
+            (``get_approximate_size``): each write's key and value, its conflict range and
+            a fixed overhead, ranges cleared, and keys and ranges read with conflict
+            checking (:func:`write_bytes` and the functions beside it).
         max_transaction_seconds: Longest time from a transaction's first operation to its
             commit.
     """

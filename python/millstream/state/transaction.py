@@ -26,6 +26,13 @@ from millstream.state.keys import (
     unpack,
     wrap_int64,
 )
+from millstream.state.limits import (
+    clear_bytes,
+    clear_range_bytes,
+    read_bytes,
+    read_range_bytes,
+    write_bytes,
+)
 
 if TYPE_CHECKING:
     from millstream.state.store import Store
@@ -149,7 +156,7 @@ class StoreTransaction(ABC):
         self._start()
         raw = self._key(key)
         if not snapshot:
-            self._grow(len(raw))
+            self._grow(read_bytes(1, len(raw)))
         return self._raw_get(raw, snapshot)
 
     def get_many(
@@ -168,7 +175,7 @@ class StoreTransaction(ABC):
         self._start()
         raw = list(self._batch_keys(keyspace, keys))
         if not snapshot:
-            self._grow(key_bytes(raw))
+            self._grow(read_bytes(len(raw), key_bytes(raw)))
         return self._raw_get_many(raw, snapshot)
 
     def get_range(
@@ -216,10 +223,10 @@ class StoreTransaction(ABC):
     ) -> list[tuple[Key, bytes]]:
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        if not snapshot:
-            self._grow(len(b) + len(e))
         if b >= e:
             return []
+        if not snapshot:
+            self._grow(read_range_bytes(len(b), len(e)))
         n = len(self._prefix)
         return [(unpack(k[n:]), v) for k, v in self._raw_get_range(b, e, limit, reverse, snapshot)]
 
@@ -232,7 +239,7 @@ class StoreTransaction(ABC):
         if not isinstance(value, bytes):
             raise TypeError(f"values are bytes; got {type(value).__name__}")
         self._limits.check_value(raw, len(value))
-        self._grow(len(raw) + len(value))
+        self._grow(write_bytes(1, len(raw), len(value)))
         self._raw_set(raw, value)
 
     def set_many(
@@ -267,29 +274,29 @@ class StoreTransaction(ABC):
             if longest > self._limits.max_value_bytes:
                 index = pc.index(lengths, longest).as_py()
                 self._limits.check_value(raw[index], longest)
-            self._grow(sum(map(len, raw)) + pc.sum(lengths).as_py())
+            self._grow(write_bytes(len(raw), key_bytes(raw), pc.sum(lengths).as_py()))
         self._raw_set_many(raw, array.to_pylist())
 
     def clear(self, key: Key) -> None:
         """Delete ``key`` (no error if absent)."""
         self._start_write()
         raw = self._key(key)
-        self._grow(len(raw))
+        self._grow(clear_bytes(1, len(raw)))
         self._raw_clear(raw)
 
     def clear_range(self, begin: Key, end: Key) -> None:
         """Delete every key in ``[begin, end)``."""
         self._start_write()
         b, e = self._bounds(begin, end)
-        self._grow(len(b) + len(e))
-        if b < e:
+        if b < e:  # an empty range is not sent, so not counted
+            self._grow(clear_range_bytes(len(b), len(e)))
             self._raw_clear_range(b, e)
 
     def clear_range_startswith(self, prefix: Key) -> None:
         """Delete every key that extends the tuple ``prefix`` (not ``prefix`` itself)."""
         self._start_write()
         b, e = range_of(prefix)
-        self._grow(len(b) + len(e) + 2 * len(self._prefix))
+        self._grow(clear_range_bytes(len(b) + len(self._prefix), len(e) + len(self._prefix)))
         self._raw_clear_range(self._prefix + b, self._prefix + e)
 
     def add(self, key: Key, delta: int) -> None:
@@ -301,7 +308,7 @@ class StoreTransaction(ABC):
         """
         self._start_write()
         raw = self._key(key)
-        self._grow(len(raw) + 8)
+        self._grow(write_bytes(1, len(raw), 8))
         self._raw_add(raw, wrap_int64(int(delta)))
 
     def add_many(
@@ -352,7 +359,10 @@ class StoreTransaction(ABC):
         width = 8 * len(columns)
         if raw:
             self._limits.check_value(raw[0], width)
-            self._grow(key_bytes(raw) + width * len(raw))
+            size = key_bytes(raw)
+            self._grow(write_bytes(len(raw), size, width * len(raw)))
+            if width > 8:  # FoundationDB reads each key to add lanes (a read conflict)
+                self._grow(read_bytes(len(raw), size))
         lanes = [column.cast(pa.int64()).to_numpy(zero_copy_only=False) for column in columns]
         if len(lanes) == 1:
             self._raw_add_many(raw, lanes[0].tolist())
