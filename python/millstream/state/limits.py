@@ -2,7 +2,19 @@
 
 The embedded SQLite store could accept far larger transactions, but a job that passes
 locally must also pass on FoundationDB, so both backends refuse the same things with the
-same errors.
+same errors: a key, a value, a transaction's age, and a transaction's size counted as
+FoundationDB counts it (:func:`write_bytes` and the functions beside it).
+
+One exception: a *splittable* transaction, whose caller splits its work when it is too
+large (a reducer's commit of several rows: it fetches fewer rows next time), is held to the
+limit by what its backend can take. On FoundationDB that is the same count; SQLite has no
+size limit of its own, so there it counts the bytes it stores (keys and values written,
+keys read, range bounds), and its commits hold more rows than FoundationDB's would. What
+cannot be split, any other transaction and a reducer's commit of one row, is held to
+FoundationDB's count on both. The one thing SQLite does not catch: a single row whose
+writes pass FoundationDB's limit, reduced within a commit of several rows (FoundationDB
+refuses it once the reducer has shrunk its fetch to that row; SQLite only if it is ever
+committed alone). :attr:`Store.limits_transaction_size` says which kind a backend is.
 """
 
 from __future__ import annotations
