@@ -41,13 +41,20 @@ class ReplayingTransaction(StoreTransaction):
         store: The store to open the underlying transactions on.
         renew_after_seconds: Replace the underlying transaction once it is this old
             (default: half the store's time limit).
+        splittable: As for :class:`StoreTransaction`.
 
     Attributes:
         renewals: How many times the underlying transaction was replaced.
     """
 
-    def __init__(self, store: Store, *, renew_after_seconds: float | None = None) -> None:
-        super().__init__(store)
+    def __init__(
+        self,
+        store: Store,
+        *,
+        renew_after_seconds: float | None = None,
+        splittable: bool = False,
+    ) -> None:
+        super().__init__(store, splittable=splittable)
         self._open = store.create_transaction
         self._inner: StoreTransaction | None = None
         self._inner_started = 0.0

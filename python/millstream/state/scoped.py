@@ -24,14 +24,18 @@ class ScopedTransaction(StoreTransaction):
     def write_size(self) -> int:
         return self._parent.write_size
 
+    @property
+    def commit_size(self) -> int:
+        return self._parent.commit_size
+
     def _start(self) -> None:
         self._parent._start()
 
     def _start_write(self) -> None:
         self._parent._start_write()
 
-    def _grow(self, size: int) -> None:
-        self._parent._grow(size)
+    def _grow(self, size: int, stored: int) -> None:
+        self._parent._grow(size, stored)
 
     def _raw_wake(self, key: bytes) -> None:
         self._parent._raw_wake(key)

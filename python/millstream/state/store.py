@@ -10,7 +10,7 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from millstream.exceptions import ConfigurationError
 from millstream.state.keys import Key, pack
@@ -34,6 +34,12 @@ class Store(ABC):
     """
 
     clock: Callable[[], float]
+
+    limits_transaction_size: ClassVar[bool] = True
+    """Whether the backend refuses a transaction past a size of its own (FoundationDB: 10 MB
+    by its count). One that does not (SQLite) holds a splittable transaction only to its
+    stored bytes (:attr:`StoreTransaction.commit_size`), every other one to FoundationDB's
+    count."""
 
     def __init__(self, url: str, prefix: Key, limits: StoreLimits | None) -> None:
         if not isinstance(prefix, tuple):

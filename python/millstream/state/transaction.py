@@ -26,6 +26,13 @@ from millstream.state.keys import (
     unpack,
     wrap_int64,
 )
+from millstream.state.limits import (
+    clear_bytes,
+    clear_range_bytes,
+    read_bytes,
+    read_range_bytes,
+    write_bytes,
+)
 
 if TYPE_CHECKING:
     from millstream.state.store import Store
@@ -81,23 +88,41 @@ class StoreTransaction(ABC):
     prefix; values are bytes.
 
     A transaction is used by one thread at a time.
+
+    Args:
+        store: The store the transaction belongs to.
+        splittable: Its caller splits its work over several transactions when it is too
+            large (a reducer's commit of several rows fetches fewer next time), so it is
+            held to the limit by :attr:`commit_size`, the backend's own count, rather
+            than by FoundationDB's.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, splittable: bool = False) -> None:
         self._store = store
         self._prefix = store.prefix_bytes
         self._limits = store.limits
         self._clock = store.clock
         self._started: float | None = None
         self._size = 0
+        self._stored = 0
+        self._by_stored = splittable and not store.limits_transaction_size
         self._wakes: set[bytes] = set()
 
     # -- bookkeeping -------------------------------------------------------------------
 
     @property
     def write_size(self) -> int:
-        """Approximate transaction size so far in bytes, as counted against the limit."""
+        """The transaction's size so far in bytes as FoundationDB counts it (what it may
+        not pass on FoundationDB; see :mod:`millstream.state.limits`)."""
         return self._size
+
+    @property
+    def commit_size(self) -> int:
+        """The size this transaction is held to the limit by: :attr:`write_size`, except
+        for a ``splittable`` one on a backend without a size limit of its own (SQLite),
+        where it is the bytes stored: keys and values written, keys read and range bounds
+        (what a reducer sizes its commits of several rows by)."""
+        return self._stored if self._by_stored else self._size
 
     @property
     def store(self) -> Store:
@@ -116,9 +141,12 @@ class StoreTransaction(ABC):
         if self._started is None:
             self._started = self._clock()
 
-    def _grow(self, size: int) -> None:
+    def _grow(self, size: int, stored: int) -> None:
+        """Count an operation: ``size`` bytes as FoundationDB counts it, ``stored`` bytes
+        of keys and values."""
         self._size += size
-        self._limits.check_size(self._size)
+        self._stored += stored
+        self._limits.check_size(self._stored if self._by_stored else self._size)
 
     def _key(self, key: Key) -> bytes:
         raw = self._prefix + pack(key)
@@ -149,7 +177,7 @@ class StoreTransaction(ABC):
         self._start()
         raw = self._key(key)
         if not snapshot:
-            self._grow(len(raw))
+            self._grow(read_bytes(1, len(raw)), len(raw))
         return self._raw_get(raw, snapshot)
 
     def get_many(
@@ -168,7 +196,8 @@ class StoreTransaction(ABC):
         self._start()
         raw = list(self._batch_keys(keyspace, keys))
         if not snapshot:
-            self._grow(key_bytes(raw))
+            size = key_bytes(raw)
+            self._grow(read_bytes(len(raw), size), size)
         return self._raw_get_many(raw, snapshot)
 
     def get_range(
@@ -216,10 +245,10 @@ class StoreTransaction(ABC):
     ) -> list[tuple[Key, bytes]]:
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        if not snapshot:
-            self._grow(len(b) + len(e))
         if b >= e:
             return []
+        if not snapshot:
+            self._grow(read_range_bytes(len(b), len(e)), len(b) + len(e))
         n = len(self._prefix)
         return [(unpack(k[n:]), v) for k, v in self._raw_get_range(b, e, limit, reverse, snapshot)]
 
@@ -232,7 +261,7 @@ class StoreTransaction(ABC):
         if not isinstance(value, bytes):
             raise TypeError(f"values are bytes; got {type(value).__name__}")
         self._limits.check_value(raw, len(value))
-        self._grow(len(raw) + len(value))
+        self._grow(write_bytes(1, len(raw), len(value)), len(raw) + len(value))
         self._raw_set(raw, value)
 
     def set_many(
@@ -267,30 +296,32 @@ class StoreTransaction(ABC):
             if longest > self._limits.max_value_bytes:
                 index = pc.index(lengths, longest).as_py()
                 self._limits.check_value(raw[index], longest)
-            self._grow(sum(map(len, raw)) + pc.sum(lengths).as_py())
+            size, stored = key_bytes(raw), pc.sum(lengths).as_py()
+            self._grow(write_bytes(len(raw), size, stored), size + stored)
         self._raw_set_many(raw, array.to_pylist())
 
     def clear(self, key: Key) -> None:
         """Delete ``key`` (no error if absent)."""
         self._start_write()
         raw = self._key(key)
-        self._grow(len(raw))
+        self._grow(clear_bytes(1, len(raw)), len(raw))
         self._raw_clear(raw)
 
     def clear_range(self, begin: Key, end: Key) -> None:
         """Delete every key in ``[begin, end)``."""
         self._start_write()
         b, e = self._bounds(begin, end)
-        self._grow(len(b) + len(e))
-        if b < e:
+        if b < e:  # an empty range is not sent, so not counted
+            self._grow(clear_range_bytes(len(b), len(e)), len(b) + len(e))
             self._raw_clear_range(b, e)
 
     def clear_range_startswith(self, prefix: Key) -> None:
         """Delete every key that extends the tuple ``prefix`` (not ``prefix`` itself)."""
         self._start_write()
         b, e = range_of(prefix)
-        self._grow(len(b) + len(e) + 2 * len(self._prefix))
-        self._raw_clear_range(self._prefix + b, self._prefix + e)
+        b, e = self._prefix + b, self._prefix + e
+        self._grow(clear_range_bytes(len(b), len(e)), len(b) + len(e))
+        self._raw_clear_range(b, e)
 
     def add(self, key: Key, delta: int) -> None:
         """Atomically add ``delta`` to the little-endian int64 at ``key`` (FoundationDB ADD).
@@ -301,7 +332,7 @@ class StoreTransaction(ABC):
         """
         self._start_write()
         raw = self._key(key)
-        self._grow(len(raw) + 8)
+        self._grow(write_bytes(1, len(raw), 8), len(raw) + 8)
         self._raw_add(raw, wrap_int64(int(delta)))
 
     def add_many(
@@ -352,7 +383,10 @@ class StoreTransaction(ABC):
         width = 8 * len(columns)
         if raw:
             self._limits.check_value(raw[0], width)
-            self._grow(key_bytes(raw) + width * len(raw))
+            size = key_bytes(raw)
+            self._grow(write_bytes(len(raw), size, width * len(raw)), size + width * len(raw))
+            if width > 8:  # FoundationDB reads each key to add lanes (a read conflict)
+                self._grow(read_bytes(len(raw), size), 0)
         lanes = [column.cast(pa.int64()).to_numpy(zero_copy_only=False) for column in columns]
         if len(lanes) == 1:
             self._raw_add_many(raw, lanes[0].tolist())
@@ -412,6 +446,7 @@ class StoreTransaction(ABC):
         """Discard every read and write so the object can be reused as a new transaction."""
         self._started = None
         self._size = 0
+        self._stored = 0
         self._wakes = set()
         self._raw_reset()
 

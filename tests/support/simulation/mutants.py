@@ -40,6 +40,7 @@ def _state_then_writes(
     reduce: Any,
     fetched: int,
     served_by: dict[int, str],
+    **_: Any,
 ) -> bool:
     """Mutant (a): commit the reducer state first, then the user's writes separately."""
     txn = self.store.create_transaction()
@@ -194,7 +195,9 @@ def _unknown_means_applied(self: MapperWorker, written: Any) -> bool:
 _real_reduce_and_commit = ReducerWorker._reduce_and_commit
 
 
-def _reducer_trusts_unknown(self: ReducerWorker, state: Any, reduce: Any, *args: Any) -> bool:
+def _reducer_trusts_unknown(
+    self: ReducerWorker, state: Any, reduce: Any, *args: Any, **kwargs: Any
+) -> bool:
     """Mutant (i): the reducer takes a commit with an unknown result as applied."""
     rounds: list[Any] = []
 
@@ -203,7 +206,7 @@ def _reducer_trusts_unknown(self: ReducerWorker, state: Any, reduce: Any, *args:
         return rounds[-1]
 
     try:
-        return _real_reduce_and_commit(self, state, noted, *args)  # type: ignore[no-any-return]
+        return _real_reduce_and_commit(self, state, noted, *args, **kwargs)  # type: ignore[no-any-return]
     except CommitUnknownResultError:
         self.last_state = rounds[-1].state
         return True
@@ -381,11 +384,11 @@ def _keep_numbering(self: MapperWorker, txn: StoreTransaction) -> Any:
 
 
 def commit_without_numbering_check(
-    self: ReducerWorker, state: Any, reduce: Any, fetched: int, _: Any
+    self: ReducerWorker, state: Any, reduce: Any, fetched: int, _: Any, **kwargs: Any
 ) -> bool:
     """At-least-once mutant (o): the reducer commits rows whatever instance served them
     (caught by a targeted replay in ``test_at_least_once_races.py``)."""
-    return _real_reduce_and_commit(self, state, reduce, fetched, {})  # type: ignore[no-any-return]
+    return _real_reduce_and_commit(self, state, reduce, fetched, {}, **kwargs)  # type: ignore[no-any-return]
 
 
 AT_LEAST_ONCE_MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {

@@ -53,6 +53,8 @@ class SqliteStore(Store):
     the seam through which fault tests fail the backend's own statements.
     """
 
+    limits_transaction_size = False
+
     def __init__(
         self,
         url: str,

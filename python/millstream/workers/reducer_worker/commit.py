@@ -53,6 +53,8 @@ class ReducerCommit(ReducerInstance):
         reduce: Callable[[StoreTransaction, StagedOutputs], Round | None],
         fetched: int,
         served_by: dict[int, str],
+        *,
+        splittable: bool = False,
     ) -> bool:
         """Steps 5-8: reduce inside a transaction, re-check the state, write it, commit.
 
@@ -70,10 +72,12 @@ class ReducerCommit(ReducerInstance):
         The transaction replays itself into a new one when ``reduce`` runs longer than
         half the store's time limit (:class:`ReplayingTransaction`), so a slow ``reduce``
         commits instead of failing as too old for ever; its reads stay conflict-checked, and
-        the re-read of the reducer's state below is one of them.
+        the re-read of the reducer's state below is one of them. A ``splittable`` commit
+        (of several rows, which the reducer splits when too large) is held to the backend's
+        own size limit (:attr:`StoreTransaction.commit_size`).
         """
         begun = self.clock.now()
-        txn = ReplayingTransaction(self.store)
+        txn = ReplayingTransaction(self.store, splittable=splittable)
         outputs = self._staged_outputs()
         try:
             with self.time_spent.spent_on("store"), outputs.settled_with(txn):
@@ -104,7 +108,7 @@ class ReducerCommit(ReducerInstance):
                 txn.add(reduced_key(self.index, "bytes"), fetched)
                 txn.add(reduced_key(self.index, "commits"), 1)
                 outputs.apply(txn)
-                size = txn.write_size
+                size, commit_size = txn.write_size, txn.commit_size
                 started = time.perf_counter()
                 txn.commit()
                 latency = time.perf_counter() - started
@@ -119,7 +123,7 @@ class ReducerCommit(ReducerInstance):
         self.unsettled.committed(ROUND, wrote=new)
         self._published(outputs)
         self.last_state = new
-        self.last_write_size = size
+        self.last_commit_size = commit_size
         self.last_transaction_seconds = self.clock.now() - begun
         self.commits += 1
         if self.on_committed is not None:

@@ -79,7 +79,8 @@ class ReducerInstance:
         self.last_error = ""
         self.started_at = clock.now()
         self.fetch_sizing = FetchSizing()
-        self.last_write_size = 0
+        self.last_commit_size = 0
+        """The last commit's ``StoreTransaction.commit_size``: the next fetch's size follows it."""
         self.last_transaction_seconds = 0.0
         """How long the last committed transaction took, ``reduce`` included."""
         self.capped = False

@@ -121,7 +121,12 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
             while True:
                 try:
                     committed = self._reduce_and_commit(
-                        state, reduce, sum(map(len, payloads)), {m: served_by[m] for m in senders}
+                        state,
+                        reduce,
+                        sum(map(len, payloads)),
+                        {m: served_by[m] for m in senders},
+                        # Several rows are split when too large: one row cannot be.
+                        splittable=batch.num_rows > 1,
                     )
                     break
                 except UserCodeError as exc:
@@ -165,7 +170,7 @@ class PlainRound(Fetching, SpillReads, ReduceDeadLetters):
             self.dead_letters += len(letters)
             # The user hears of the commit first: telling the mappers of it takes calls.
             self._notify_commit()
-            self.fetch_sizing.resize(self.last_write_size, self.store.limits.max_transaction_bytes)
+            self.fetch_sizing.resize(self.last_commit_size, self.store.limits.max_transaction_bytes)
             if self.tuning.acknowledge_commits and not self._send_next_round(
                 ReducerState(tuple(new)), live
             ):
