@@ -112,9 +112,18 @@ def measure_floor(
     )
 
 
-def measure_millstream(workload: Workload, n: int, log: Callable[[str], None] = log) -> RunResult:
-    """One run of the matrix's cell (``n`` counters, shared keys, defaults) over ``workload``."""
-    opts = millstream_runner.MillstreamOptions(bookkeeping_run=False, counters=n, layout="shared")
+def measure_millstream(
+    workload: Workload,
+    n: int,
+    *,
+    batch_rows: int | None = None,
+    log: Callable[[str], None] = log,
+) -> RunResult:
+    """One run of the matrix's cell (``n`` counters, shared keys, defaults) over ``workload``
+    (``batch_rows``: instead of :class:`millstream.Tuning`'s default, to study the knob)."""
+    opts = millstream_runner.MillstreamOptions(
+        bookkeeping_run=False, counters=n, layout="shared", batch_rows=batch_rows
+    )
     result = millstream_runner.measure(workload, "counters", opts, log=log)
     log(f"  millstream {workload.spec.rows:,} rows: {result.verified['summary']}")
     return result
@@ -158,7 +167,13 @@ class Pair:
 
 
 def measure_pair(
-    index: int, small: Workload, large: Workload, n: int, *, use_threads: bool = True
+    index: int,
+    small: Workload,
+    large: Workload,
+    n: int,
+    *,
+    use_threads: bool = True,
+    batch_rows: int | None = None,
 ) -> Pair:
     """Pair ``index``: each system at both sizes, the floor first when ``index`` is even."""
     got: dict[tuple[str, int], RunResult] = {}
@@ -170,7 +185,7 @@ def measure_pair(
                 run_dir = RESULTS / "runs" / f"floor-{workload.spec.rows}"
                 result = measure_floor(workload, n, run_dir, use_threads=use_threads)
             else:
-                result = measure_millstream(workload, n)
+                result = measure_millstream(workload, n, batch_rows=batch_rows)
             result.save(RESULTS / f"pair{index + 1}-{system}-{workload.spec.rows}.json")
             got[(system, workload.spec.rows)] = result
     rows = (small.spec.rows, large.spec.rows)
@@ -225,6 +240,12 @@ def main() -> None:
     parser.add_argument(
         "--single-thread", action="store_true", help="the floor without pyarrow's threads"
     )
+    parser.add_argument(
+        "--batch-rows",
+        type=int,
+        default=None,
+        help="millstream's Tuning.batch_rows (default: Tuning's default; to study the knob)",
+    )
     parser.add_argument("--data-root", type=Path, default=None)
     args = parser.parse_args()
     extra = {} if args.data_root is None else {"root": args.data_root}
@@ -234,7 +255,14 @@ def main() -> None:
     )
     log(f"load before: {loadavg()}")
     pairs = [
-        measure_pair(i, small, large, args.counters, use_threads=not args.single_thread)
+        measure_pair(
+            i,
+            small,
+            large,
+            args.counters,
+            use_threads=not args.single_thread,
+            batch_rows=args.batch_rows,
+        )
         for i in range(args.pairs)
     ]
     log(f"load after: {loadavg()}")
