@@ -66,8 +66,9 @@ class Tuning:
             has arrived): about a million keep per-batch overhead small and let a
             pre-aggregating ``map`` combine most rows, whose own cost is per distinct key
             of a batch (100,000 keys: 20 M rows become 2.0 M shuffled with 1,048,576, 7.1
-            M with 262,144; the whole job then takes half the CPU per row). Lower it for
-            rows of hundreds of bytes, so that a batch fits ``memory_limit_bytes``.
+            M with 262,144; the whole job then takes half the CPU per row). Wide rows are
+            read in fewer: a batch takes at most a quarter of ``memory_limit_bytes``, as
+            read or as mapped, and a mapper's first read at most 65,536 rows.
         memory_limit_bytes: Buffered bytes in a mapper's window above which it stops
             reading until reducers commit.
         commit_interval_seconds: Minimum time between a reducer's commits, from the start
