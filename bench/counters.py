@@ -56,6 +56,34 @@ def aggregate(table: pa.Table, n: int) -> pa.Table:
     return fold(per_row(table, n), names(n)).sort_by("key")
 
 
+def query(table: pa.Table, n: int, *, use_threads: bool = True) -> pa.Table:
+    """The ``n``-counter result as one pyarrow query writes it, sorted by key.
+
+    What a user who holds the whole input writes: one ``group_by`` with each counter's own
+    aggregation (rows counted with ``count_all``, no column of ones), pyarrow's threads on
+    by default. The same result as :func:`aggregate`, at the cost of a bare group-by: the
+    single-process floor (:mod:`bench.floor`).
+    """
+    value = table["value"]
+    derived = {
+        "squares": lambda: pc.multiply(value, value),
+        "odd": lambda: pc.bit_wise_and(value, pa.scalar(1, pa.int64())),
+    }
+    wanted = names(n)
+    columns = {"key": table["key"], "value": value}
+    columns.update({c: derived[c]() for c in wanted if c in derived})
+    aggregations: dict[str, tuple[Any, str, str]] = {
+        "total": ("value", "sum", "value_sum"),
+        "count": ([], "count_all", "count_all"),
+        "squares": ("squares", "sum", "squares_sum"),
+        "odd": ("odd", "sum", "odd_sum"),
+    }
+    grouped = pa.table(columns).group_by("key", use_threads=use_threads)
+    out = grouped.aggregate([aggregations[c][:2] for c in wanted])
+    result = {"key": out["key"], **{c: out[aggregations[c][2]] for c in wanted}}
+    return pa.table(result).sort_by("key")
+
+
 def spark_columns(n: int) -> list[Any]:
     """The first ``n`` counters as Spark SQL aggregate expressions."""
     from pyspark.sql import functions as F

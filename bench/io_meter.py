@@ -154,6 +154,9 @@ class IOReport:
     seconds: float
     wait4_oublock_bytes: int | None = None
     wait4_maxrss_bytes: int | None = None
+    wait4_cpu_seconds: float | None = None
+    """``ru_utime + ru_stime`` of :func:`run_subprocess`'s command and every descendant
+    reaped below it: exact where :attr:`cpu_seconds` misses each process's last interval."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -408,8 +411,8 @@ def run_subprocess(
         on_sample: Called about once per second with the meter (progress output).
 
     Returns:
-        ``(exit status, report)``; the report carries ``wait4``'s ``ru_oublock`` and
-        ``ru_maxrss`` of the command as a cross-check.
+        ``(exit status, report)``; the report carries ``wait4``'s ``ru_oublock``,
+        ``ru_maxrss`` and CPU time of the command as a cross-check.
     """
     proc = subprocess.Popen(list(args), env=dict(env) if env is not None else None, cwd=cwd)
     meter = ProcessTreeMeter([proc.pid], interval)
@@ -438,4 +441,5 @@ def run_subprocess(
     report = meter.stop()
     report.wait4_oublock_bytes = usage.ru_oublock * 512
     report.wait4_maxrss_bytes = usage.ru_maxrss * 1024
+    report.wait4_cpu_seconds = usage.ru_utime + usage.ru_stime
     return proc.returncode, report

@@ -398,6 +398,15 @@ def measure(
         "rows_per_file": workload.spec.rows_per_file,
         "commits": len(commits),
         "summary": summary,
+        "wait4_cpu_s": report.wait4_cpu_seconds,
+        "process_cpu": [
+            {
+                "name": p.name,
+                "cmd": p.cmdline[:100],
+                "cpu_s": p.cpu_ticks / os.sysconf("SC_CLK_TCK"),
+            }
+            for p in report.processes
+        ],
         "process_writes": [
             {"name": p.name, "cmd": p.cmdline[:100], "write_bytes": p.written}
             for p in report.processes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from bench.counters import aggregate, fold, names, per_row
+from bench.counters import aggregate, fold, names, per_row, query
 
 
 def test_the_four_counters_of_each_key() -> None:
@@ -26,3 +26,10 @@ def test_partial_results_fold_into_the_same_result() -> None:
 def test_other_counts_are_refused() -> None:
     with pytest.raises(ValueError, match="one of"):
         names(3)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("use_threads", [True, False])
+def test_the_floors_query_gives_the_same_result(n: int, use_threads: bool) -> None:
+    table = pa.table({"key": [5, 1, 5, 3, 1, 5, 7], "value": [3, 4, -5, 6, 1, 0, 9]})
+    assert query(table, n, use_threads=use_threads).equals(aggregate(table, n))

@@ -146,7 +146,8 @@ class Ingestion(MapDeadLetters):
             self._notify_rows()
             return False
         try:
-            result = self.reader.read(begin, begin + self.tuning.batch_rows, self._token)
+            asked = self.batch_size.rows()
+            result = self.reader.read(begin, begin + asked, self._token)
         except InputError:
             self._check_persisted()  # another instance may have trimmed what this one reads
             raise
@@ -155,7 +156,7 @@ class Ingestion(MapDeadLetters):
         rows = 0 if batch is None else batch.num_rows
         # Told to gathering reducers only once this batch's rows are in the window (below),
         # or a reducer that stops gathering would leave them for another commit.
-        behind = rows >= self.tuning.batch_rows and not result.end_of_input
+        behind = rows >= asked and not result.end_of_input
         if batch is None or rows == 0:
             self.behind = behind
             self._notify_rows()  # a reducer gathering rows stops waiting for more
@@ -194,7 +195,9 @@ class Ingestion(MapDeadLetters):
         try:
             held = window.snapshot().buffered_bytes
             window.push(rows_out, mapped.reducer_indices, end, result.continuation_token)
-            self._entry_bytes.append(max(0, window.snapshot().buffered_bytes - held))
+            entry_bytes = max(0, window.snapshot().buffered_bytes - held)
+            self._entry_bytes.append(entry_bytes)
+            self.batch_size.saw(rows, batch.nbytes, entry_bytes)
             self.behind = behind
             self._notify_rows()
         except MemoryLimitError as exc:

@@ -16,6 +16,7 @@ from millstream.ledger import MapperState
 from millstream.state import Store, StoreTransaction
 from millstream.workers.clock import SYSTEM_CLOCK, Clock
 from millstream.workers.fencing import check_mapper_state
+from millstream.workers.mapper_worker.batch_size import BatchSize
 from millstream.workers.mapper_worker.window_service import ServingState, WindowService
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class MapperInstance(WindowService):
         self.rows_spilled = 0
         self.bytes_spilled = 0
         self.spills = 0
+        self.batch_size = BatchSize(processor.tuning.batch_rows, self.memory_limit_bytes)
+        """The rows of the next read."""
         self._entry_bytes: collections.deque[int] = collections.deque(maxlen=8)
         """Window bytes of the last few mapped batches: the room the next one needs."""
         self.window_schema: pa.Schema | None = None
