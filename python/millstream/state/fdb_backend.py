@@ -153,8 +153,24 @@ def load_fdb() -> Any:
                         missing=isinstance(exc, OSError) or "Unable to locate" in str(exc),
                     )
                 ) from exc
+            fdb.impl.Future.block_until_ready = _block_in_client
         _loaded_pid = os.getpid()
     return fdb
+
+
+def _block_in_client(future: Any) -> None:
+    """Wait for a binding future inside the client library, the GIL released.
+
+    The binding's own wait registers a Python callback and sleeps on a semaphore; the
+    callback runs on FoundationDB's one network thread, which must take the GIL to run it.
+    In a worker whose other threads hold the GIL (a mapper mapping while it serves
+    GetRows), every completion then waited for the GIL, and the whole client's network
+    with it. ``fdb_future_block_until_ready`` (a ctypes call: the GIL is released) waits
+    without the network thread touching Python. Installed once, when :func:`load_fdb`
+    selects the API version, as the binding installs its own event models.
+    """
+    if not future.is_ready():
+        future.capi.fdb_future_block_until_ready(future.fpointer)
 
 
 def _preload_client_library() -> None:
