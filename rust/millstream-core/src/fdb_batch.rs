@@ -352,3 +352,210 @@ fn whole_rows(keys: usize, items: usize, per_key: usize, what: &str) -> Result<(
         )))
     }
 }
+
+/// The wrapper's own discipline (every future destroyed, nothing written after a failed
+/// read), which a real `libfdb_c` cannot show: checked against stand-in C functions that
+/// count futures. What FoundationDB does with the calls is tested on a real cluster by
+/// the Python store contract suite.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    const TIMED_OUT: c_int = 1031;
+
+    struct StandIn {
+        value: Option<Vec<u8>>,
+        error: c_int,
+    }
+
+    #[derive(Default)]
+    struct Calls {
+        created: usize,
+        destroyed: usize,
+        sets: Vec<(Vec<u8>, Vec<u8>)>,
+        adds: Vec<(Vec<u8>, Vec<u8>)>,
+    }
+
+    thread_local! {
+        static CALLS: RefCell<Calls> = RefCell::new(Calls::default());
+    }
+
+    unsafe fn bytes<'a>(data: *const u8, length: c_int) -> &'a [u8] {
+        unsafe { std::slice::from_raw_parts(data, length as usize) }
+    }
+
+    /// Keys starting with `fail` time out; `absent` is absent; others hold their own bytes.
+    unsafe extern "C" fn get(
+        _: *mut RawTransaction,
+        k: *const u8,
+        n: c_int,
+        _: c_int,
+    ) -> *mut RawFuture {
+        let key = unsafe { bytes(k, n) };
+        let future = StandIn {
+            value: (key != b"absent").then(|| key.to_vec()),
+            error: if key.starts_with(b"fail") {
+                TIMED_OUT
+            } else {
+                0
+            },
+        };
+        CALLS.with(|c| c.borrow_mut().created += 1);
+        Box::into_raw(Box::new(future)).cast()
+    }
+
+    unsafe extern "C" fn set(
+        _: *mut RawTransaction,
+        k: *const u8,
+        n: c_int,
+        v: *const u8,
+        m: c_int,
+    ) {
+        let write = unsafe { (bytes(k, n).to_vec(), bytes(v, m).to_vec()) };
+        CALLS.with(|c| c.borrow_mut().sets.push(write));
+    }
+
+    unsafe extern "C" fn atomic_op(
+        _: *mut RawTransaction,
+        k: *const u8,
+        n: c_int,
+        p: *const u8,
+        m: c_int,
+        operation: c_int,
+    ) {
+        assert_eq!(operation, MUTATION_ADD);
+        let write = unsafe { (bytes(k, n).to_vec(), bytes(p, m).to_vec()) };
+        CALLS.with(|c| c.borrow_mut().adds.push(write));
+    }
+
+    unsafe extern "C" fn block(_: *mut RawFuture) -> c_int {
+        0
+    }
+
+    unsafe extern "C" fn get_value(
+        f: *mut RawFuture,
+        present: *mut c_int,
+        value: *mut *const u8,
+        length: *mut c_int,
+    ) -> c_int {
+        let future = unsafe { &*f.cast::<StandIn>() };
+        if future.error != 0 {
+            return future.error;
+        }
+        let found = future.value.as_deref();
+        unsafe {
+            *present = c_int::from(found.is_some());
+            *value = found.map_or(ptr::null(), <[u8]>::as_ptr);
+            *length = found.map_or(0, |v| v.len() as c_int);
+        }
+        0
+    }
+
+    unsafe extern "C" fn destroy(f: *mut RawFuture) {
+        drop(unsafe { Box::from_raw(f.cast::<StandIn>()) });
+        CALLS.with(|c| c.borrow_mut().destroyed += 1);
+    }
+
+    fn transaction() -> FdbTransaction {
+        let addresses = FdbAddresses {
+            transaction_get: get as usize,
+            transaction_set: set as usize,
+            transaction_atomic_op: atomic_op as usize,
+            future_block_until_ready: block as usize,
+            future_get_value: get_value as usize,
+            future_destroy: destroy as usize,
+        };
+        CALLS.with(|c| *c.borrow_mut() = Calls::default());
+        // SAFETY: the stand-ins have the C functions' signatures; the transaction pointer
+        // is never dereferenced by them.
+        unsafe { FdbTransaction::new(FdbFunctions::new(addresses).unwrap(), ptr::dangling_mut()) }
+    }
+
+    fn calls<T>(f: impl FnOnce(&Calls) -> T) -> T {
+        CALLS.with(|c| f(&c.borrow()))
+    }
+
+    #[test]
+    fn a_failed_read_destroys_every_future_and_writes_nothing() {
+        let tr = transaction();
+        let keys: Vec<&[u8]> = vec![b"one", b"fail", b"two", b"one"];
+        let result = tr.add_lanes(&keys, &[1, 2, 3, 4, 5, 6, 7, 8], 2);
+        assert!(matches!(result, Err(Error::Fdb { code: TIMED_OUT })));
+        assert_eq!(calls(|c| (c.created, c.destroyed, c.sets.len())), (3, 3, 0));
+
+        let mut seen = 0;
+        let result = tr.get_many(keys.iter().copied(), true, |_| seen += 1);
+        assert!(matches!(result, Err(Error::Fdb { code: TIMED_OUT })));
+        assert_eq!(seen, 1);
+        assert_eq!(calls(|c| (c.created, c.destroyed)), (7, 7));
+    }
+
+    #[test]
+    fn lanes_are_read_once_per_key_and_written_back_added() {
+        let tr = transaction();
+        let keys: Vec<&[u8]> = vec![b"absent", b"12345678", b"absent"];
+        tr.add_lanes(&keys, &[1, -1, 2, 3, 4, -4], 2).unwrap();
+        let base = i64::from_le_bytes(*b"12345678");
+        let sets = calls(|c| {
+            assert_eq!((c.created, c.destroyed), (2, 2));
+            c.sets.clone()
+        });
+        let expected = [
+            (b"absent".to_vec(), lanes::add(None, &[5, -5])),
+            (b"12345678".to_vec(), lanes::add(None, &[base + 2, 3])),
+        ];
+        assert_eq!(sets, expected);
+
+        let mut values = Vec::new();
+        tr.get_many(keys.iter().copied(), false, |v| {
+            values.push(v.map(<[u8]>::to_vec))
+        })
+        .unwrap();
+        assert_eq!(values, vec![None, Some(b"12345678".to_vec()), None]);
+        assert_eq!(calls(|c| (c.created, c.destroyed)), (5, 5));
+    }
+
+    #[test]
+    fn counters_are_one_add_each_and_batches_are_checked() {
+        let tr = transaction();
+        let keys: Vec<&[u8]> = vec![b"a", b"b"];
+        let deltas: Vec<u8> = [7i64, -7].iter().flat_map(|d| d.to_le_bytes()).collect();
+        tr.add_many(keys.iter().copied(), &deltas).unwrap();
+        let adds = calls(|c| c.adds.clone());
+        assert_eq!(
+            adds,
+            vec![
+                (b"a".to_vec(), deltas[..8].to_vec()),
+                (b"b".to_vec(), deltas[8..].to_vec())
+            ]
+        );
+        assert!(tr.add_many(keys.iter().copied(), &deltas[..12]).is_err());
+        assert!(tr.add_lanes(&keys, &[1, 2, 3], 2).is_err());
+        assert!(tr.add_lanes(&keys, &[], 0).is_err());
+        assert!(tr
+            .set_many(keys.iter().copied(), [&b"v"[..]].into_iter())
+            .is_err());
+        assert_eq!(
+            calls(|c| (c.adds.len(), c.sets.len(), c.created)),
+            (2, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_null_address_is_refused() {
+        let addresses = FdbAddresses {
+            transaction_get: 0,
+            transaction_set: 1,
+            transaction_atomic_op: 1,
+            future_block_until_ready: 1,
+            future_get_value: 1,
+            future_destroy: 1,
+        };
+        // SAFETY: refused before any address is used.
+        let refused = unsafe { FdbFunctions::new(addresses) };
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("fdb_transaction_get"))
+        );
+    }
+}
