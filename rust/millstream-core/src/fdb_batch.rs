@@ -459,12 +459,12 @@ mod tests {
 
     fn transaction() -> FdbTransaction {
         let addresses = FdbAddresses {
-            transaction_get: get as usize,
-            transaction_set: set as usize,
-            transaction_atomic_op: atomic_op as usize,
-            future_block_until_ready: block as usize,
-            future_get_value: get_value as usize,
-            future_destroy: destroy as usize,
+            transaction_get: get as *const () as usize,
+            transaction_set: set as *const () as usize,
+            transaction_atomic_op: atomic_op as *const () as usize,
+            future_block_until_ready: block as *const () as usize,
+            future_get_value: get_value as *const () as usize,
+            future_destroy: destroy as *const () as usize,
         };
         CALLS.with(|c| *c.borrow_mut() = Calls::default());
         // SAFETY: the stand-ins have the C functions' signatures; the transaction pointer

@@ -111,7 +111,7 @@ mod tests {
         let deltas = [1, 10, 2, 20, i64::MAX, 30, 4, 40, 1, 1];
         let folded = Folded::new(&keys, &deltas, 2);
         assert_eq!(folded.keys, vec![&b"b"[..], b"a", b"c"]);
-        assert_eq!(folded.lanes(0), &[1 + i64::MAX, 40]);
+        assert_eq!(folded.lanes(0), &[i64::MIN, 40]); // 1 + i64::MAX wraps
         assert_eq!(folded.lanes(1), &[3, 21]);
         assert_eq!(folded.lanes(2), &[4, 40]);
         assert!(Folded::new(&[], &[], 3).keys.is_empty());
