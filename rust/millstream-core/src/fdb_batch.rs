@@ -129,8 +129,8 @@ impl Future<'_> {
     /// as the future.
     fn value(&self) -> Result<Option<&[u8]>> {
         // SAFETY: `raw` is a live future of a get (destroyed only by `drop`); the out
-        // pointers are valid locals, and the value they point to lives until the future
-        // is destroyed, which the returned borrow of `self` outlives not.
+        // pointers are valid locals. The value lives until the future is destroyed, and
+        // the returned slice borrows `self`, so it cannot outlive it.
         unsafe {
             check((self.functions.block_until_ready)(self.raw))?;
             let mut present: c_int = 0;
