@@ -12,6 +12,7 @@ import pyarrow as pa
 __all__ = [
     "SHUFFLE_INDEX_COLUMN",
     "CommittedIndexError",
+    "FdbBatch",
     "MemoryLimitError",
     "MillstreamError",
     "SchemaMismatchError",
@@ -186,6 +187,41 @@ class WindowSnapshot:
         """The local mapper state's shuffle index (as ``Window.local_state()``)."""
     @property
     def closed(self) -> bool: ...
+
+@final
+class FdbBatch:
+    """FoundationDB's batch operations, one C call per key with the GIL released, on the
+    transactions of the ``libfdb_c`` the official binding loaded (no link to it at build
+    time). Keys and values are Arrow binary arrays (binary, large binary or binary view,
+    no nulls); ``transaction`` is an ``fdb.Transaction``'s ``tpointer``, kept alive and
+    unused by others during the call. A FoundationDB error raises ``error(code)``, the
+    binding's ``fdb.FDBError``; every future is destroyed on every path."""
+
+    def __new__(
+        cls,
+        *,
+        transaction_get: int,
+        transaction_set: int,
+        transaction_atomic_op: int,
+        future_block_until_ready: int,
+        future_get_value: int,
+        future_destroy: int,
+        error: type[Exception],
+    ) -> FdbBatch:
+        """Calls the C functions at these addresses (those of the loaded ``libfdb_c``, API
+        version 730 selected: anything else crashes the process, as with ``ctypes``)."""
+    def set_many(self, transaction: int, keys: Any, values: Any) -> None:
+        """Write ``values[i]`` at ``keys[i]``."""
+    def add_many(self, transaction: int, keys: Any, deltas: bytes) -> None:
+        """Atomically add ``deltas[i]`` (8 little-endian bytes each, back to back) to
+        ``keys[i]`` (FoundationDB ``ADD``: no read, no conflict)."""
+    def add_lanes(self, transaction: int, keys: Any, deltas: bytes, width: int) -> None:
+        """Add ``width`` little-endian int64 lanes per key (back to back) to ``keys`` lane
+        by lane, as ``millstream.state.keys.add_int64s`` does: repeated keys folded first,
+        every key read (a read conflict) and written back; nothing is written when a read
+        fails."""
+    def get_many(self, transaction: int, keys: Any, snapshot: bool) -> list[bytes | None]:
+        """The values at ``keys`` (``None`` where absent), every read in flight at once."""
 
 def hash_partition(batch: Any, key_columns: list[str], num_reducers: int) -> pa.Array:
     """Stable reducer index (int32) for every row from the named key columns; the same in

@@ -82,6 +82,7 @@ impl From<BindingError> for PyErr {
             | Error::UnsupportedKeyType { .. }
             | Error::InvalidArgument(_)
             | Error::Decode(_)
+            | Error::Fdb { .. }
             | Error::Arrow(_) => MillstreamError::new_err(message),
         }
     }
