@@ -21,7 +21,9 @@ from millstream.state import Store, StoreLimits, decode_int64s, encode_int64s, o
 
 pytestmark = pytest.mark.fdb
 
-TIMEOUT_MS = 2000
+TIMEOUT_MS = 5000
+"""Long enough for a small commit on a loaded CI machine after the reset, which the same
+timeout bounds."""
 NO_LIMITS = StoreLimits(
     max_key_bytes=1_000_000,
     max_value_bytes=100_000_000,
