@@ -156,6 +156,10 @@ pub enum Error {
     #[error("cannot decode the Arrow IPC payloads of GetRows: {0}")]
     Decode(String),
 
+    /// Reading a Kafka partition failed.
+    #[error(transparent)]
+    Kafka(#[from] crate::kafka::KafkaError),
+
     /// An Arrow error (kernels, encoding).
     #[error("arrow: {0}")]
     Arrow(#[from] ArrowError),
