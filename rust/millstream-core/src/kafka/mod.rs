@@ -22,6 +22,8 @@ pub mod record_batch;
 pub mod wire;
 
 #[cfg(test)]
+mod golden_tests;
+#[cfg(test)]
 mod record_batch_tests;
 #[cfg(test)]
 mod test_batches;
