@@ -2,6 +2,7 @@
 //! decoded in pure Rust: gzip (miniz_oxide through flate2), snappy (raw, and the xerial
 //! framing Java producers write), lz4 (the LZ4 frame format) and zstd (ruzstd).
 
+use std::borrow::Cow;
 use std::io::Read;
 
 /// A batch's codec.
@@ -43,13 +44,14 @@ impl Codec {
         }
     }
 
-    /// Decompresses a batch's records section; `capacity` is a hint of its size.
-    pub fn decompress(self, data: &[u8], capacity: usize) -> Result<Vec<u8>, String> {
+    /// Decompresses a batch's records section (borrowed as it is when not compressed);
+    /// `capacity` is a hint of its size.
+    pub fn decompress(self, data: &[u8], capacity: usize) -> Result<Cow<'_, [u8]>, String> {
         let mut out = Vec::with_capacity(capacity);
         let failed =
             |e: &dyn std::fmt::Display| format!("{} data does not decompress: {e}", self.name());
         match self {
-            Self::None => out.extend_from_slice(data),
+            Self::None => return Ok(Cow::Borrowed(data)),
             Self::Gzip => {
                 flate2::read::MultiGzDecoder::new(data)
                     .read_to_end(&mut out)
@@ -69,7 +71,7 @@ impl Codec {
                     .map_err(|e| failed(&e))?;
             }
         }
-        Ok(out)
+        Ok(Cow::Owned(out))
     }
 }
 
@@ -138,7 +140,7 @@ pub(crate) mod tests {
         for codec in ALL {
             let packed = compress(codec, &data);
             assert_eq!(
-                codec.decompress(&packed, 0).unwrap(),
+                *codec.decompress(&packed, 0).unwrap(),
                 data,
                 "{}",
                 codec.name()
@@ -156,8 +158,8 @@ pub(crate) mod tests {
             framed.extend(block);
         }
         assert_eq!(
-            Codec::Snappy.decompress(&framed, 0).unwrap(),
-            b"hello world"
+            *Codec::Snappy.decompress(&framed, 0).unwrap(),
+            b"hello world"[..]
         );
     }
 
