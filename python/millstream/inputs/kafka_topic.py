@@ -143,9 +143,9 @@ class KafkaTopic:
             sizes); ``isolation.level`` and the offset handling cannot be changed.
         timeout_seconds: How long metadata and offset queries may take.
         columns: Read only these of the record's columns (in this order; the mapper sees
-            nothing else). Each column costs a call per record to build, so naming only the
-            columns the mapper reads makes reading faster (``("value",)`` is about a third
-            of the per-record work of all six); the rows are the same records either way.
+            nothing else). With confluent-kafka each column costs a call per record to
+            build, so naming only the columns the mapper reads makes reading faster there;
+            the rows are the same records either way.
         native_reader: Fetch records with the Rust core's reader (Kafka's Fetch spoken
             directly, batches decoded without Python per record: several times faster)
             rather than confluent-kafka. By default it is used when the connection is
