@@ -13,6 +13,9 @@ __all__ = [
     "SHUFFLE_INDEX_COLUMN",
     "CommittedIndexError",
     "FdbBatch",
+    "KafkaOffsetOutOfRangeError",
+    "KafkaPartitionReader",
+    "KafkaReadError",
     "MemoryLimitError",
     "MillstreamError",
     "SchemaMismatchError",
@@ -38,6 +41,54 @@ class WindowError(MillstreamError): ...
 class MemoryLimitError(WindowError): ...
 class CommittedIndexError(WindowError): ...
 class SchemaMismatchError(WindowError): ...
+
+class KafkaReadError(MillstreamError):
+    """Reading a Kafka partition failed (the message names the partition and offset)."""
+
+class KafkaOffsetOutOfRangeError(KafkaReadError):
+    """The offset to read is outside the partition's log; ``args`` is ``(message, offset,
+    log_start, end)``, the range as the leader told it (-1: unknown)."""
+
+@final
+class KafkaPartitionReader:
+    """Reads one Kafka topic partition ``read_committed`` over a plain connection, a fetch
+    ahead of its caller (a thread of its own fetches and decodes the next response while
+    the caller works on the last). A broken connection or a moved leader is retried from
+    the offset after the last response handed over: no record is lost or doubled.
+
+    Batches have every record column (key, value, timestamp, headers, partition, offset),
+    the value raw.
+    """
+
+    def __new__(
+        cls,
+        bootstrap_servers: str,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int | None = None,
+        *,
+        client_id: str = "millstream",
+        timeout_seconds: float = 10.0,
+        max_wait_ms: int = 100,
+        fetch_bytes: int = 8 << 20,
+    ) -> KafkaPartitionReader:
+        """Start reading ``partition`` of ``topic`` at offset ``start``, up to before
+        ``end`` (``None``: never stop)."""
+    def position(self) -> int:
+        """The offset of the next record :meth:`read` returns (or past which it looks)."""
+    def ended(self) -> bool:
+        """Whether every record before ``end`` was returned."""
+    def read(self, max_rows: int, wait_seconds: float) -> pa.RecordBatch | None:
+        """Up to ``max_rows`` records from :meth:`position` on, waiting up to
+        ``wait_seconds`` for the first (GIL released); ``None`` when none came.
+
+        Raises:
+            KafkaOffsetOutOfRangeError: The position is outside the partition's log.
+            KafkaReadError: A corrupt batch, or an error retrying cannot mend.
+        """
+    def wait(self, timeout_seconds: float) -> bool:
+        """Wait up to ``timeout_seconds`` for a record to read; whether one is there."""
 
 @final
 class Window:

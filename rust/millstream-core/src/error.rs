@@ -164,6 +164,10 @@ pub enum Error {
         code: i32,
     },
 
+    /// Reading a Kafka partition failed.
+    #[error(transparent)]
+    Kafka(#[from] crate::kafka::KafkaError),
+
     /// An Arrow error (kernels, encoding).
     #[error("arrow: {0}")]
     Arrow(#[from] ArrowError),
