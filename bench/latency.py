@@ -288,6 +288,7 @@ def _floor(args: argparse.Namespace, rate: float) -> dict[str, Any]:
         spread=args.spread,
         trim_period=args.trim_period,
         tick=args.tick,
+        store=args.store,
     )
     if not floor["exact"]:
         raise RuntimeError(f"the floor's run was not exact: {floor}")

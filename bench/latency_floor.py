@@ -43,6 +43,7 @@ from millstream.inputs import StoreQueue
 from millstream.state import StoreTransaction
 
 from bench import run_queue
+from bench.fresh_store import empty_store
 from bench.latency_stats import summarize_latency
 from bench.queue_pipeline import read_key_sums
 from bench.queue_producer import QUEUE_NAME, QUEUE_PREFIX, ProducerHandle, ProducerPlan, Step
@@ -136,13 +137,21 @@ def run(
     spread: bool = False,
     trim_period: float = 0.25,
     tick: float = 0.01,
+    store: str | None = None,
     commit_interval: float = 0.0,
 ) -> dict[str, Any]:
     """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
     appended after the first ``warmup`` seconds, and the exactness check. A
-    ``commit_interval`` makes each reader commit at most that often (0: every read)."""
+    ``commit_interval`` makes each reader commit at most that often (0: every read).
+
+    ``store`` is a store URL to run on (``fdb://<cluster file>``, emptied first); by
+    default an embedded SQLite file in a temporary folder."""
     with tempfile.TemporaryDirectory(prefix="millstream-floor-") as tmp:
-        url = f"sqlite:///{Path(tmp) / 'state.db'}"
+        if store is None:
+            url = f"sqlite:///{Path(tmp) / 'state.db'}"
+        else:
+            empty_store(store)
+            url = store
         queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
         ctx = mp.get_context("forkserver")
         stop = ctx.Event()
@@ -237,6 +246,9 @@ def main(argv: list[str] | None = None) -> None:
         "reducer's cadence does: the store alone at a shuffle's commit rate",
     )
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--store", default=None, metavar="URL", help="fdb://<cluster file> (emptied first)"
+    )
     args = parser.parse_args(argv)
     print(
         "| rows/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | producer append p99 ms | exact |"
@@ -252,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
             spread=args.spread,
             trim_period=args.trim_period,
             tick=args.tick,
+            store=args.store,
             commit_interval=args.commit_interval,
         )
         lat = r["latency"]

@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from bench.counters import CHOICES as COUNTER_CHOICES
 from bench.counters import names as counter_names
+from bench.fresh_store import empty_store
 from bench.io_meter import IOReport, run_subprocess
 from bench.millstream_jobs import FIFO_ENV, JOBS, LAYOUTS, NAME, SEPARATOR, SMALLEST
 from bench.result import BatchRecord, RunResult, loadavg, print_result
@@ -186,7 +187,7 @@ def run_child(
         **(extra or {}),
     }
     if opts.store:
-        _empty_store(opts.store)
+        empty_store(opts.store)
     args = [
         sys.executable,
         "-m",
@@ -224,16 +225,6 @@ def run_child(
         raise RuntimeError(f"millstream child failed with status {status}; see its output above")
     summary = json.loads((run_dir / "child.json").read_text())
     return ChildRun(launch, commits, report, listener.events, summary)
-
-
-def _empty_store(url: str) -> None:
-    from millstream.state import open_store
-
-    store = open_store(url)
-    try:
-        store.transact(lambda txn: txn.clear_range_startswith(()))
-    finally:
-        store.close()
 
 
 def _write_bytes(pids: tuple[int, ...]) -> int:

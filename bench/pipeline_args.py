@@ -61,6 +61,13 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat", type=float, default=d.heartbeat_seconds)
     parser.add_argument("--rpc-timeout", type=float, default=d.rpc_timeout_seconds)
     parser.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="the state store (fdb://<cluster file>: emptied before each run); default: "
+        "an embedded SQLite file in the run's folder",
+    )
+    parser.add_argument(
         "--synchronous", choices=["full", "normal"], default="full", help="SQLite synchronous"
     )
     parser.add_argument(
@@ -158,6 +165,7 @@ def make_pipeline(args: argparse.Namespace, label: str) -> Pipeline:
             )
             + ([] if args.run_min_keys is None else [f"run_min_keys={args.run_min_keys}"])
         ),
+        store=args.store,
         flock_writers=args.what_if_flock,
     )
 
@@ -170,6 +178,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "keys": args.keys,
         "tick_s": args.tick,
         "spread": args.spread,
+        "store": (args.store or "sqlite").split(":", 1)[0],
         "synchronous": args.synchronous,
         "run_min_keys": args.run_min_keys,
         "what_if_flock": args.what_if_flock,

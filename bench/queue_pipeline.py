@@ -58,6 +58,7 @@ from millstream.runner.forkserver import start_fork_server
 from millstream.runner.local import LocalRunner, RunSummary
 from millstream.state import decode_int64
 
+from bench.fresh_store import empty_store
 from bench.queue_producer import (
     QUEUE_NAME,
     QUEUE_PREFIX,
@@ -318,7 +319,9 @@ class Pipeline:
         num_mappers: Queue partitions (one mapper each).
         num_reducers: Reducers.
         keys: Key range of the producer.
-        store_options: Query string of the store URL (e.g. ``synchronous=normal``).
+        store_options: Query string of the SQLite store's URL (e.g. ``synchronous=normal``).
+        store: Another store's URL (``fdb://<cluster file>``), emptied first; by default
+            the SQLite store in ``run_dir``.
         flock_writers: Run the :func:`serialize_sqlite_writers` what-if experiment in
             every worker (the producer's plan has its own flag).
         delivery: The processor's delivery mode.
@@ -330,6 +333,7 @@ class Pipeline:
     num_reducers: int = 2
     keys: int = 100_000
     store_options: str = ""
+    store: str | None = None
     flock_writers: bool = False
     delivery: Delivery = "exactly_once"
     runner: LocalRunner | None = None
@@ -344,9 +348,13 @@ class Pipeline:
         if self.run_dir.exists():
             shutil.rmtree(self.run_dir)
         self.run_dir.mkdir(parents=True)
-        self.url = f"sqlite:///{self.run_dir / 'state.db'}" + (
-            f"?{self.store_options}" if self.store_options else ""
-        )
+        if self.store is None:
+            self.url = f"sqlite:///{self.run_dir / 'state.db'}" + (
+                f"?{self.store_options}" if self.store_options else ""
+            )
+        else:
+            empty_store(self.store)
+            self.url = self.store
         self.queue = StoreQueue(self.url, QUEUE_NAME, self.num_mappers, prefix=QUEUE_PREFIX)
         self.collector = Collector()
         self.processor = ms.Processor(

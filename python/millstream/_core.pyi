@@ -12,6 +12,10 @@ import pyarrow as pa
 __all__ = [
     "SHUFFLE_INDEX_COLUMN",
     "CommittedIndexError",
+    "FdbBatch",
+    "KafkaOffsetOutOfRangeError",
+    "KafkaPartitionReader",
+    "KafkaReadError",
     "MemoryLimitError",
     "MillstreamError",
     "SchemaMismatchError",
@@ -37,6 +41,54 @@ class WindowError(MillstreamError): ...
 class MemoryLimitError(WindowError): ...
 class CommittedIndexError(WindowError): ...
 class SchemaMismatchError(WindowError): ...
+
+class KafkaReadError(MillstreamError):
+    """Reading a Kafka partition failed (the message names the partition and offset)."""
+
+class KafkaOffsetOutOfRangeError(KafkaReadError):
+    """The offset to read is outside the partition's log; ``args`` is ``(message, offset,
+    log_start, end)``, the range as the leader told it (-1: unknown)."""
+
+@final
+class KafkaPartitionReader:
+    """Reads one Kafka topic partition ``read_committed`` over a plain connection, a fetch
+    ahead of its caller (a thread of its own fetches and decodes the next response while
+    the caller works on the last). A broken connection or a moved leader is retried from
+    the offset after the last response handed over: no record is lost or doubled.
+
+    Batches have every record column (key, value, timestamp, headers, partition, offset),
+    the value raw.
+    """
+
+    def __new__(
+        cls,
+        bootstrap_servers: str,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int | None = None,
+        *,
+        client_id: str = "millstream",
+        timeout_seconds: float = 10.0,
+        max_wait_ms: int = 100,
+        fetch_bytes: int = 8 << 20,
+    ) -> KafkaPartitionReader:
+        """Start reading ``partition`` of ``topic`` at offset ``start``, up to before
+        ``end`` (``None``: never stop)."""
+    def position(self) -> int:
+        """The offset of the next record :meth:`read` returns (or past which it looks)."""
+    def ended(self) -> bool:
+        """Whether every record before ``end`` was returned."""
+    def read(self, max_rows: int, wait_seconds: float) -> pa.RecordBatch | None:
+        """Up to ``max_rows`` records from :meth:`position` on, waiting up to
+        ``wait_seconds`` for the first (GIL released); ``None`` when none came.
+
+        Raises:
+            KafkaOffsetOutOfRangeError: The position is outside the partition's log.
+            KafkaReadError: A corrupt batch, or an error retrying cannot mend.
+        """
+    def wait(self, timeout_seconds: float) -> bool:
+        """Wait up to ``timeout_seconds`` for a record to read; whether one is there."""
 
 @final
 class Window:
@@ -186,6 +238,41 @@ class WindowSnapshot:
         """The local mapper state's shuffle index (as ``Window.local_state()``)."""
     @property
     def closed(self) -> bool: ...
+
+@final
+class FdbBatch:
+    """FoundationDB's batch operations, one C call per key with the GIL released, on the
+    transactions of the ``libfdb_c`` the official binding loaded (no link to it at build
+    time). Keys and values are Arrow binary arrays (binary, large binary or binary view,
+    no nulls); ``transaction`` is an ``fdb.Transaction``'s ``tpointer``, kept alive and
+    unused by others during the call. A FoundationDB error raises ``error(code)``, the
+    binding's ``fdb.FDBError``; every future is destroyed on every path."""
+
+    def __new__(
+        cls,
+        *,
+        transaction_get: int,
+        transaction_set: int,
+        transaction_atomic_op: int,
+        future_block_until_ready: int,
+        future_get_value: int,
+        future_destroy: int,
+        error: type[Exception],
+    ) -> FdbBatch:
+        """Calls the C functions at these addresses (those of the loaded ``libfdb_c``, API
+        version 730 selected: anything else crashes the process, as with ``ctypes``)."""
+    def set_many(self, transaction: int, keys: Any, values: Any) -> None:
+        """Write ``values[i]`` at ``keys[i]``."""
+    def add_many(self, transaction: int, keys: Any, deltas: bytes) -> None:
+        """Atomically add ``deltas[i]`` (8 little-endian bytes each, back to back) to
+        ``keys[i]`` (FoundationDB ``ADD``: no read, no conflict)."""
+    def add_lanes(self, transaction: int, keys: Any, deltas: bytes, width: int) -> None:
+        """Add ``width`` little-endian int64 lanes per key (back to back) to ``keys`` lane
+        by lane, as ``millstream.state.keys.add_int64s`` does: repeated keys folded first,
+        every key read (a read conflict) and written back; nothing is written when a read
+        fails."""
+    def get_many(self, transaction: int, keys: Any, snapshot: bool) -> list[bytes | None]:
+        """The values at ``keys`` (``None`` where absent), every read in flight at once."""
 
 def hash_partition(batch: Any, key_columns: list[str], num_reducers: int) -> pa.Array:
     """Stable reducer index (int32) for every row from the named key columns; the same in

@@ -6,7 +6,7 @@
 //! error (`bench/kafka_floor.py` reads a topic that way in the keyed-sum job).
 //!
 //! Usage: `kafka-floor READER BOOTSTRAP TOPIC PARTITION START END [--ipc]`, READER one of
-//! `fetch` (Kafka's Fetch request, spoken here; see `fetch.rs`), and with the `rdkafka`
+//! `fetch` (Kafka's Fetch request: millstream's core reader; see `fetch.rs`), and with the `rdkafka`
 //! feature `rdkafka` (librdkafka, one poll per record) and `rdkafka-batch` (librdkafka's
 //! batch consume).
 
@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use std::sync::Arc;
 
+#[cfg(feature = "rdkafka")]
 use arrow_array::builder::{
     ArrayBuilder, BinaryBuilder, Int64Builder, TimestampMillisecondBuilder,
 };
@@ -28,7 +29,8 @@ mod librdkafka;
 /// Records per Arrow batch.
 const BATCH_ROWS: usize = 65_536;
 
-/// The columns of one batch of records, as a reader builds them.
+/// The columns of one batch of records, as the librdkafka readers build them.
+#[cfg(feature = "rdkafka")]
 struct Columns {
     keys: BinaryBuilder,
     values: BinaryBuilder,
@@ -36,6 +38,7 @@ struct Columns {
     offsets: Int64Builder,
 }
 
+#[cfg(feature = "rdkafka")]
 impl Columns {
     /// Empty columns with room for a batch of 80-byte values.
     fn new() -> Self {

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from millstream._core import FdbBatch
 from millstream.exceptions import (
     CommitUnknownResultError,
     KeyTooLargeError,
@@ -34,7 +35,8 @@ from millstream.exceptions import (
     TransactionTooOldError,
     ValueTooLargeError,
 )
-from millstream.state.keys import Key, add_int64s, fold_int64s, pack
+from millstream.state.fdb_batch import batch_operations, binary_array, int64_bytes
+from millstream.state.keys import Key, pack
 from millstream.state.limits import StoreLimits
 from millstream.state.store import Store
 from millstream.state.transaction import StoreTransaction
@@ -153,8 +155,24 @@ def load_fdb() -> Any:
                         missing=isinstance(exc, OSError) or "Unable to locate" in str(exc),
                     )
                 ) from exc
+            fdb.impl.Future.block_until_ready = _block_in_client
         _loaded_pid = os.getpid()
     return fdb
+
+
+def _block_in_client(future: Any) -> None:
+    """Wait for a binding future inside the client library, the GIL released.
+
+    The binding's own wait registers a Python callback and sleeps on a semaphore; the
+    callback runs on FoundationDB's one network thread, which must take the GIL to run it.
+    In a worker whose other threads hold the GIL (a mapper mapping while it serves
+    GetRows), every completion then waited for the GIL, and the whole client's network
+    with it. ``fdb_future_block_until_ready`` (a ctypes call: the GIL is released) waits
+    without the network thread touching Python. Installed once, when :func:`load_fdb`
+    selects the API version, as the binding installs its own event models.
+    """
+    if not future.is_ready():
+        future.capi.fdb_future_block_until_ready(future.fpointer)
 
 
 def _preload_client_library() -> None:
@@ -367,6 +385,7 @@ class FdbTransaction(StoreTransaction):
     def __init__(self, store: FdbStore) -> None:
         super().__init__(store)
         self._fdb = store.fdb
+        self._batch = store.batch
         self._tr = store.database.create_transaction()
 
     @contextmanager
@@ -385,10 +404,10 @@ class FdbTransaction(StoreTransaction):
             return value
 
     def _raw_get_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
-        source = self._source(snapshot)
+        if not keys:
+            return []
         with self._errors("get_many"):
-            futures = [source.get(k) for k in keys]
-            return [f.wait().value for f in futures]
+            return self._batch.get_many(self._tr.tpointer, binary_array(keys), snapshot)
 
     def _raw_get_range(
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
@@ -408,10 +427,10 @@ class FdbTransaction(StoreTransaction):
             self._tr.set(key, value)
 
     def _raw_set_many(self, keys: list[bytes], values: list[bytes]) -> None:
+        if not keys:
+            return
         with self._errors("set_many"):
-            set_ = self._tr.set
-            for k, v in zip(keys, values, strict=True):
-                set_(k, v)
+            self._batch.set_many(self._tr.tpointer, binary_array(keys), binary_array(values))
 
     def _raw_clear(self, key: bytes) -> None:
         with self._errors("clear"):
@@ -426,22 +445,21 @@ class FdbTransaction(StoreTransaction):
             self._tr.add(key, _INT64.pack(delta))
 
     def _raw_add_many(self, keys: Sequence[bytes], deltas: list[int]) -> None:
+        if not keys:
+            return
         with self._errors("add_many"):
-            add = self._tr.add
-            pack = _INT64.pack
-            for k, d in zip(keys, deltas, strict=True):
-                add(k, pack(d))
+            self._batch.add_many(self._tr.tpointer, binary_array(keys), int64_bytes(deltas))
 
     def _raw_add_lanes(self, keys: Sequence[bytes], deltas: list[bytes]) -> None:
         # FoundationDB's ADD treats a whole value as one integer (a carry would cross into
         # the next lane), so the lanes are read and written back; reads see this
         # transaction's earlier writes, and conflict like any read.
-        combined = fold_int64s(keys, deltas)
+        if not keys:
+            return
         with self._errors("add_many"):
-            futures = [(k, self._tr.get(k)) for k in combined]
-            set_ = self._tr.set
-            for k, future in futures:
-                set_(k, add_int64s(future.wait().value, combined[k]))
+            self._batch.add_lanes(
+                self._tr.tpointer, binary_array(keys), b"".join(deltas), len(deltas[0]) // 8
+            )
 
     def _raw_wake(self, key: bytes) -> None:
         with self._errors("wake_on_commit"):
@@ -481,6 +499,7 @@ class FdbStore(Store):
                 "cluster machine (/etc/foundationdb/fdb.cluster) or fix the store URL"
             )
         self._fdb = load_fdb()
+        self._batch = batch_operations(self._fdb)
         self._pid = os.getpid()
         try:
             self._db = self._fdb.open(cluster_file)
@@ -498,6 +517,12 @@ class FdbStore(Store):
     def fdb(self) -> Any:
         """The ``fdb`` module (API version selected)."""
         return self._fdb
+
+    @property
+    def batch(self) -> FdbBatch:
+        """The batch operations on this process's ``libfdb_c`` (see
+        :mod:`millstream.state.fdb_batch`)."""
+        return self._batch
 
     @property
     def database(self) -> Any:

@@ -156,6 +156,18 @@ pub enum Error {
     #[error("cannot decode the Arrow IPC payloads of GetRows: {0}")]
     Decode(String),
 
+    /// A FoundationDB operation failed with this error code (the caller translates it as
+    /// the binding's own errors are translated).
+    #[error("FoundationDB error {code}")]
+    Fdb {
+        /// The `fdb_error_t`.
+        code: i32,
+    },
+
+    /// Reading a Kafka partition failed.
+    #[error(transparent)]
+    Kafka(#[from] crate::kafka::KafkaError),
+
     /// An Arrow error (kernels, encoding).
     #[error("arrow: {0}")]
     Arrow(#[from] ArrowError),

@@ -5,11 +5,16 @@
 //! yet, and trimming frees entries every reducer has committed past (thesis 4.3.5).
 //! [`SharedWindow`] wraps it for concurrent use with a memory limit to wait on. Rows leave
 //! as Arrow IPC streams ([`ipc`]); keys map to reducers through a stable hash
-//! ([`partition`]).
+//! ([`partition`]). FoundationDB's batch operations run through its C API in
+//! [`fdb_batch`], adding counter [`lanes`]; [`kafka`] reads Kafka topic partitions into
+//! Arrow batches.
 
 pub mod bucket;
 pub mod error;
+pub mod fdb_batch;
 pub mod ipc;
+pub mod kafka;
+pub mod lanes;
 pub mod partition;
 pub mod shared;
 pub mod size;

@@ -1,6 +1,7 @@
 //! The one place where core errors become Python exceptions. The exception hierarchy is
 //! created here and re-exported unchanged by `millstream.exceptions`.
 
+use millstream_core::kafka::KafkaError;
 use millstream_core::Error;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -35,6 +36,20 @@ create_exception!(
     SchemaMismatchError,
     WindowError,
     "A mapped batch's schema differs from the window's."
+);
+
+create_exception!(
+    millstream._core,
+    KafkaReadError,
+    MillstreamError,
+    "Reading a Kafka partition failed (the message names the partition and offset)."
+);
+create_exception!(
+    millstream._core,
+    KafkaOffsetOutOfRangeError,
+    KafkaReadError,
+    "The offset to read is outside the partition's log; args: (message, offset, log start, \
+     end), the range as the leader told it (-1: unknown)."
 );
 
 /// An error of a binding call: from the core, or a Python exception passed on unchanged.
@@ -82,7 +97,15 @@ impl From<BindingError> for PyErr {
             | Error::UnsupportedKeyType { .. }
             | Error::InvalidArgument(_)
             | Error::Decode(_)
+            | Error::Fdb { .. }
             | Error::Arrow(_) => MillstreamError::new_err(message),
+            Error::Kafka(KafkaError::OffsetOutOfRange {
+                offset,
+                log_start,
+                end,
+                ..
+            }) => KafkaOffsetOutOfRangeError::new_err((message, offset, log_start, end)),
+            Error::Kafka(_) => KafkaReadError::new_err(message),
         }
     }
 }
@@ -98,5 +121,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MemoryLimitError", py.get_type::<MemoryLimitError>())?;
     m.add("CommittedIndexError", py.get_type::<CommittedIndexError>())?;
     m.add("SchemaMismatchError", py.get_type::<SchemaMismatchError>())?;
+    m.add("KafkaReadError", py.get_type::<KafkaReadError>())?;
+    m.add(
+        "KafkaOffsetOutOfRangeError",
+        py.get_type::<KafkaOffsetOutOfRangeError>(),
+    )?;
     Ok(())
 }

@@ -4,8 +4,10 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod fdb_batch;
 mod functions;
 mod gil;
+mod kafka;
 mod window;
 
 #[pymodule]
@@ -25,6 +27,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<window::PyWindow>()?;
     m.add_class::<window::PyWindowSnapshot>()?;
+    m.add_class::<fdb_batch::PyFdbBatch>()?;
+    m.add_class::<kafka::PyKafkaPartitionReader>()?;
     m.add_function(wrap_pyfunction!(functions::hash_partition, m)?)?;
     m.add_function(wrap_pyfunction!(functions::hash_partition_ordered, m)?)?;
     m.add_function(wrap_pyfunction!(functions::hash_keys, m)?)?;
