@@ -19,6 +19,10 @@ Every run checks that the committed per-key sums equal the producer's.
 Run::
 
     .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20
+    .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --commit-interval 0.02
+
+The second commits each reader's rows at most every 20 ms, the interval the reducers of
+:mod:`bench.latency` keep at this rate: what the commit cadence alone costs on the store.
 """
 
 from __future__ import annotations
@@ -58,10 +62,20 @@ def _commit(txn: StoreTransaction, *, partition: int, sums: pa.Table, rows: int,
 
 
 def _read_and_commit(
-    url: str, partitions: int, partition: int, trim_period: float, out: Path, stop: Event
+    url: str,
+    partitions: int,
+    partition: int,
+    trim_period: float,
+    out: Path,
+    stop: Event,
+    commit_interval: float = 0.0,
 ) -> None:
     """One partition's reader process: read, sum by key, commit; until the queue is sealed
-    and read to its end (or ``stop``). Saves (append ns, rows, commit ns) per append."""
+    and read to its end (or ``stop``). Saves (append ns, rows, commit ns) per append.
+
+    With a ``commit_interval``, the reads since the last commit are committed together, a
+    commit at most every ``commit_interval`` from the start of the one before (as a
+    reducer's cadence counts it): the store alone at a shuffle's commit rate."""
     queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
     reader = queue.reader(partition)
     store = queue.store
@@ -70,29 +84,37 @@ def _read_and_commit(
     rows: list[np.ndarray] = []
     commits: list[np.ndarray] = []
     trimmed_at = time.monotonic()
-    while not stop.is_set():
+    gathered: list[pa.RecordBatch] = []
+    last_commit = time.monotonic() - commit_interval
+    ended = False
+    while not stop.is_set() and not (ended and not gathered):
         result = reader.read(position, 0, token)
         batch = result.batch
-        if batch is None or batch.num_rows == 0:
-            if result.end_of_input:
-                break
-            reader.wait_for_rows(position, _WAIT_SECONDS)
+        ended = result.end_of_input
+        if batch is not None and batch.num_rows:
+            gathered.append(batch)
+            position, token = position + batch.num_rows, result.continuation_token
+        due = commit_interval - (time.monotonic() - last_commit)
+        if not gathered or (due > 0 and not ended):
+            if not ended:
+                reader.wait_for_rows(position, due if gathered else _WAIT_SECONDS)
             continue
-        sums = (
-            pa.Table.from_batches([batch])
-            .group_by("key", use_threads=False)
-            .aggregate([("value", "sum")])
-        )
-        end = position + batch.num_rows
+        table = pa.Table.from_batches(gathered)
+        gathered = []
+        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
+        last_commit = time.monotonic()
         store.transact(
-            functools.partial(_commit, partition=partition, sums=sums, rows=batch.num_rows, end=end)
+            functools.partial(
+                _commit, partition=partition, sums=sums, rows=table.num_rows, end=position
+            )
         )
         committed = time.time_ns()
-        stamps, counts = np.unique(batch.column("append_ns").to_numpy(), return_counts=True)
+        stamps, counts = np.unique(
+            table.column("append_ns").combine_chunks().to_numpy(), return_counts=True
+        )
         appends.append(stamps)
         rows.append(counts)
         commits.append(np.full(stamps.size, committed, np.int64))
-        position, token = end, result.continuation_token
         if time.monotonic() - trimmed_at >= trim_period:
             reader.trim(position, token)
             trimmed_at = time.monotonic()
@@ -116,9 +138,11 @@ def run(
     trim_period: float = 0.25,
     tick: float = 0.01,
     store: str | None = None,
+    commit_interval: float = 0.0,
 ) -> dict[str, Any]:
     """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
-    appended after the first ``warmup`` seconds, and the exactness check.
+    appended after the first ``warmup`` seconds, and the exactness check. A
+    ``commit_interval`` makes each reader commit at most that often (0: every read).
 
     ``store`` is a store URL to run on (``fdb://<cluster file>``, emptied first); by
     default an embedded SQLite file in a temporary folder."""
@@ -135,7 +159,7 @@ def run(
         readers = [
             ctx.Process(
                 target=_read_and_commit,
-                args=(url, partitions, p, trim_period, outs[p], stop),
+                args=(url, partitions, p, trim_period, outs[p], stop, commit_interval),
                 name=f"floor-reader-{p}",
                 daemon=True,
             )
@@ -189,6 +213,7 @@ def run(
         "seconds": seconds,
         "spread": spread,
         "tick": tick,
+        "commit_interval": commit_interval,
         "latency": latency,
         "producer_append_p99_ms": step["append"].get("p99_ms", float("nan")),
         "rows_appended": produced.rows,
@@ -213,6 +238,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--spread", action="store_true", help="append to every partition every tick"
     )
+    parser.add_argument(
+        "--commit-interval",
+        type=float,
+        default=0.0,
+        help="commit the reads of this many seconds together (0: every read), as a "
+        "reducer's cadence does: the store alone at a shuffle's commit rate",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument(
         "--store", default=None, metavar="URL", help="fdb://<cluster file> (emptied first)"
@@ -233,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
             trim_period=args.trim_period,
             tick=args.tick,
             store=args.store,
+            commit_interval=args.commit_interval,
         )
         lat = r["latency"]
         figures = " | ".join(f"{lat[q] * 1000:.1f}" for q in ("p50", "p90", "p99", "p99.9", "max"))

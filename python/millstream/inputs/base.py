@@ -19,11 +19,16 @@ class ReadResult:
             state, so keep it small).
         end_of_input: True when the partition is bounded and every row has been returned;
             a processor over bounded inputs drains and exits.
+        caught_up: True when the read returned every row the partition held when it was
+            read: a mapper whose reader can wait for rows (:class:`WaitingReader`) then
+            waits for the next ones instead of reading again at once, a read that would
+            find nothing. A hint: False (the default) is always correct.
     """
 
     batch: pa.RecordBatch | None
     continuation_token: bytes
     end_of_input: bool = False
+    caught_up: bool = False
 
 
 @runtime_checkable

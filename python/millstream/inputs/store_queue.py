@@ -538,7 +538,7 @@ class StoreQueue:
         else:
             out = pa.Table.from_batches(batches, schema).combine_chunks().to_batches()[0]
         after = begin + out.num_rows
-        return ReadResult(out, pack((after,)), end_of_input=sealed and after >= end)
+        return ReadResult(out, pack((after,)), sealed and after >= end, caught_up=after >= end)
 
     def wait_for_rows(self, partition: int, begin_row_index: int, timeout_seconds: float) -> None:
         """Return once rows from ``begin_row_index`` may be readable (an append or the seal

@@ -163,11 +163,14 @@ def _read(queue: StoreQueue, begin: int, end: int, step: int) -> pa.Table:
     batches = []
     row = begin
     while row < end:
-        got = queue.read(0, row, min(step, end - row)).batch
+        result = queue.read(0, row, min(step, end - row))
+        got = result.batch
         assert got is not None, f"no rows at {row} of {end}"
         assert got.num_rows, f"no rows at {row} of {end}"
         batches.append(got)
         row += got.num_rows
+        # Whether the read took the partition's last rows (the mapper then waits).
+        assert result.caught_up == (row == end)
     return pa.Table.from_batches(batches)
 
 
@@ -378,9 +381,11 @@ def test_evolving_appends_read_back_in_their_own_schemas(
                 reader.trim(0, first)
                 row = first
                 while row < spans[-1][1]:
-                    got = reader.read(0, row, step).batch
+                    result = reader.read(0, row, step)
+                    got = result.batch
                     assert got is not None
                     stop = row + got.num_rows
+                    assert result.caught_up == (stop == spans[-1][1])
                     covered = [
                         batch.slice(max(0, row - begin), min(end, stop) - max(begin, row))
                         for begin, end, batch in spans

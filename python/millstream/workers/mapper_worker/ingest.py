@@ -151,9 +151,12 @@ class Ingestion(MapDeadLetters):
         except InputError:
             self._check_persisted()  # another instance may have trimmed what this one reads
             raise
-        self._check_persisted()
         batch = result.batch
         rows = 0 if batch is None else batch.num_rows
+        if rows == 0 or self.processor.at_least_once:
+            # Exactly once, rows are checked by the transaction that records their batch
+            # (:meth:`plan_batch`), before any of them reaches the window.
+            self._check_persisted()
         # Told to gathering reducers only once this batch's rows are in the window (below),
         # or a reducer that stops gathering would leave them for another commit.
         behind = rows >= asked and not result.end_of_input
@@ -214,6 +217,7 @@ class Ingestion(MapDeadLetters):
             ) from exc
         self._token = result.continuation_token
         self.end_of_input = result.end_of_input or self._past_rescale_cut(window)
+        self.caught_up = result.caught_up
         self.rows_read += rows
         self.rows_shuffled += mapped.batch.num_rows
         self.batches += 1
@@ -374,7 +378,8 @@ class Ingestion(MapDeadLetters):
         return ReadResult(batch, token, end_of_input)
 
     def _wait_for_input(self, stop: threading.Event, idle: Backoff) -> None:
-        """Wait after a read found no rows: when the reader can wait for rows
+        """Wait after a read found no rows, or returned the last rows there were
+        (:attr:`caught_up`): when the reader can wait for rows
         (:class:`WaitingReader`), until the next append wakes it, at most ``idle.next()``
         (its timeout grows while the partition stays empty: it only catches a lost wake);
         else asleep for ``idle_seconds``, a poll period."""

@@ -81,6 +81,9 @@ class MapperInstance(WindowService):
         self.window_schema: pa.Schema | None = None
         """The schema the window carries: the mapped rows' unified schema (None until the
         first rows, unless recorded when it widened)."""
+        self.caught_up = False
+        """Whether the last read that returned rows returned every row the partition held
+        (:attr:`~millstream.inputs.ReadResult.caught_up`): the next read waits for more."""
         self.rescale_through: int | None = None
         """During a rescale, the shuffle index this run's input ends past: at the first
         batch boundary after it (:mod:`millstream.ledger.rescale`)."""

@@ -149,5 +149,7 @@ class MapperWorker(Ingestion, StragglerSpill, InputTrim, MapperDrain):
                 return
             if progressed:
                 idle.reset()
-            else:
+            if not progressed or self.caught_up:
+                # A read that took the partition's last rows waits for the next append
+                # instead of reading again at once, to find nothing.
                 self._wait_for_input(stop, idle)

@@ -125,6 +125,9 @@ class ReducerCommit(ReducerInstance):
         self.last_state = new
         self.last_commit_size = commit_size
         self.last_transaction_seconds = self.clock.now() - begun
+        # Before the next round's calls say when it starts (:meth:`_send_next_round`): the
+        # mappers answer at the moment the reducer's loop starts that round.
+        self.cadence.observe(self.last_transaction_seconds)
         self.commits += 1
         if self.on_committed is not None:
             self.on_committed(latency, size, rows, fetched)

@@ -189,7 +189,6 @@ class ReducerWorker(PlainRound, ReducerFigures):
             if committed:
                 backoff.reset()
                 idle.reset()
-                cadence.observe(self.last_transaction_seconds)
                 last_start = started
             else:
                 self._wait_idle(idle.next(), stop)
