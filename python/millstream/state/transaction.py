@@ -344,26 +344,26 @@ class StoreTransaction(ABC):
     ) -> None:
         """Atomically add ``deltas[i]`` to ``keyspace + (keys[i],)`` for every i.
 
-        The batch form of :meth:`add` for reducers folding many keys into their state. Keys
-        may repeat; every delta is added.
+                The batch form of :meth:`add` for reducers folding many keys into their state. Keys
+                may repeat; every delta is added.
 
-        Several counters per key go in one call as int columns (a ``RecordBatch`` or
-        ``Table``): each key then holds one value with one int64 per column, its *lanes*,
-        little-endian and back to back, and the columns are added lane by lane (each lane
-        wraps around in 64 bits like :meth:`add`; a stored value of another width is first
-        cut or zero-extended to this one's). One stored entry per key instead of one per
-        counter: a fraction of the bytes a commit writes. Read them back with
-:func:`~millstream.state.decode_int64s`. Like :meth:`add`, lanes are added
-        without a read and never conflict: on SQLite in the commit, on FoundationDB by one
-        atomic ``ADD`` per key, each lane in a 16-byte slot that keeps its carries
-        (:data:`~millstream.state.keys.SLOT_BYTES`; the value is then ``16 * lanes + 1``
-        bytes, which ``decode_int64s`` reads).
+                Several counters per key go in one call as int columns (a ``RecordBatch`` or
+                ``Table``): each key then holds one value with one int64 per column, its *lanes*,
+                little-endian and back to back, and the columns are added lane by lane (each lane
+                wraps around in 64 bits like :meth:`add`; a stored value of another width is first
+                cut or zero-extended to this one's). One stored entry per key instead of one per
+                counter: a fraction of the bytes a commit writes. Read them back with
+        :func:`~millstream.state.decode_int64s`. Like :meth:`add`, lanes are added
+                without a read and never conflict: on SQLite in the commit, on FoundationDB by one
+                atomic ``ADD`` per key, each lane in a 16-byte slot that keeps its carries
+                (:data:`~millstream.state.keys.SLOT_BYTES`; the value is then ``16 * lanes + 1``
+                bytes, which ``decode_int64s`` reads).
 
-        Args:
-            keyspace: Tuple prefix shared by the keys.
-            keys: Arrow array (or sequence) of key elements: ints, strings or binaries.
-            deltas: Arrow int array (or sequence of ints) aligned with ``keys``, or int
-                columns aligned with it (one lane per column).
+                Args:
+                    keyspace: Tuple prefix shared by the keys.
+                    keys: Arrow array (or sequence) of key elements: ints, strings or binaries.
+                    deltas: Arrow int array (or sequence of ints) aligned with ``keys``, or int
+                        columns aligned with it (one lane per column).
         """
         self._start_write()
         key_array = _as_array(keys)
