@@ -167,8 +167,8 @@ class Transaction:
 
     Keys are tuples under the processor's output keyspace. Values are bytes; counters
     written with :meth:`add` are little-endian int64 (read them with :meth:`get_int`), and a
-    key's several counters added together by :meth:`add_many` are int64s back to back (read
-    them with :meth:`get_ints`). The batch operations take Arrow arrays and avoid a Python
+    key's several counters added together by :meth:`add_many` are int64 lanes of one value
+    (read them with :meth:`get_ints`). The batch operations take Arrow arrays and avoid a Python
     loop per key: use them on hot paths.
     Everything written here commits atomically with the reducer's committed indices, or not
     at all. FoundationDB's limits apply (10 MB of writes, 100 kB values, 10 kB keys, 5 s).

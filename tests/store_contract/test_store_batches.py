@@ -23,6 +23,8 @@ from millstream.state import (
 )
 from millstream.state.transaction import SORT_THRESHOLD
 
+from tests.support.lanes import add_lanes
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -64,8 +66,8 @@ def test_batch_adds_wrap_around_at_both_int64_bounds(store: Store) -> None:
     got = store.transact(lambda t: t.get_many(("one",), keys))
     assert [decode_int64(v or b"") for v in got] == [INT64_MAX, INT64_MIN]
 
-    stored = encode_int64s([INT64_MIN, INT64_MAX])
-    store.transact(lambda t: t.set_many(("two",), keys, pa.array([stored] * 2, pa.binary())))
+    stored = lane_batch([(INT64_MIN, INT64_MAX)] * 2, 2)
+    store.transact(lambda t: t.add_many(("two",), keys, stored))
     # Key 1 steps over both bounds; key 2 repeats, its deltas folded across a bound first.
     deltas = lane_batch([(-1, 1), (INT64_MAX, INT64_MAX), (INT64_MAX, 2)], 2)
     store.transact(lambda t: t.add_many(("two",), pa.array([1, 2, 2], pa.int64()), deltas))
@@ -86,7 +88,7 @@ def test_counter_lanes_of_a_large_batch_fold_repeated_keys(store: Store) -> None
     store.transact(lambda t: t.add_many(("c",), pa.array(keys), batch))
     model: dict[int, bytes | None] = dict(stored)
     for key, row in zip(keys.tolist(), lanes.tolist(), strict=True):
-        model[key] = add_int64s(model.get(key), encode_int64s(row))
+        model[key] = add_lanes(store, model.get(key), row)
     rows = store.transact(lambda t: t.get_range_startswith(("c",)))
     assert {k[-1]: v for k, v in rows} == model
 
@@ -115,7 +117,10 @@ def test_batch_adds_match_the_per_key_rules(
     store.transact(lambda t: t.add_many(space, keys, deltas if width > 1 else deltas.column(0)))
     model: dict[int, bytes | None] = dict(stored)
     for key, lanes in rows:
-        model[key] = add_int64s(model.get(key), encode_int64s(lanes))
+        if width == 1:
+            model[key] = add_int64s(model.get(key), encode_int64s(lanes))
+        else:
+            model[key] = add_lanes(store, model.get(key), lanes)
     everything = pa.array(range(8), pa.int64())
     assert store.transact(lambda t: t.get_many(space, everything)) == [
         model.get(k) for k in range(8)

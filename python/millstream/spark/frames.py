@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from millstream.exceptions import ConfigurationError, DuplicateSequenceError
 from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import OUTPUT
-from millstream.state.keys import decode_int64s
+from millstream.state.keys import decode_int64s, int64_lanes
 
 if TYPE_CHECKING:
     from millstream.processor import Processor
@@ -170,7 +170,7 @@ def output_table(
     names = [value_name] if isinstance(value_name, str) else list(value_name)
     values: dict[str, list[Any]]
     if decode == "int64":
-        widest = max((len(value) for _, value in rows), default=0) // 8
+        widest = max((int64_lanes(value) for _, value in rows), default=0)
         if widest > len(names):
             raise ConfigurationError(
                 f"values under {tuple(keyspace)!r} hold up to {widest} counters (add_many of "

@@ -451,9 +451,7 @@ class FdbTransaction(StoreTransaction):
             self._batch.add_many(self._tr.tpointer, binary_array(keys), int64_bytes(deltas))
 
     def _raw_add_lanes(self, keys: Sequence[bytes], deltas: list[bytes]) -> None:
-        # FoundationDB's ADD treats a whole value as one integer (a carry would cross into
-        # the next lane), so the lanes are read and written back; reads see this
-        # transaction's earlier writes, and conflict like any read.
+        # One ADD per key in the slot layout (keys.SLOT_BYTES): no read, no conflict.
         if not keys:
             return
         with self._errors("add_many"):

@@ -92,13 +92,31 @@ def encode_int64s(values: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(values)}q", *(wrap_int64(int(v)) for v in values))
 
 
+SLOT_BYTES = 16
+"""Bytes a counter lane takes in a value FoundationDB's backend added lanes to: the int64,
+then 8 bytes that take its carries (``rust/millstream-core/src/lanes.rs``: one atomic
+``ADD`` adds every lane of a key without reading it). One byte follows the slots, so such a
+value's length is odd and it is never mistaken for plain int64s."""
+
+
+def int64_lanes(value: bytes) -> int:
+    """How many counters a value written by a vector add holds, on either backend."""
+    if len(value) % 8 == 1:
+        return len(value) // SLOT_BYTES
+    return len(value) // 8
+
+
 def decode_int64s(value: bytes | None, width: int) -> tuple[int, ...]:
     """Decode ``width`` counters from a value written by a vector add (zeros when absent).
 
-    A value of another width is cut or zero-extended to ``width`` lanes, as a vector add of
-    that width would treat it.
+    Reads both layouts: int64s back to back (SQLite) and one 16-byte slot per counter plus
+    a byte (FoundationDB, :data:`SLOT_BYTES`). A value of another width is cut or
+    zero-extended to ``width`` lanes, as a vector add of that width would treat it.
     """
-    raw = (value or b"")[: 8 * width].ljust(8 * width, b"\x00")
+    raw = value or b""
+    if len(raw) % 8 == 1:
+        raw = b"".join(raw[i : i + 8] for i in range(0, len(raw) - 1, SLOT_BYTES))
+    raw = raw[: 8 * width].ljust(8 * width, b"\x00")
     return struct.unpack(f"<{width}q", raw)
 
 

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from millstream.exceptions import ConfigurationError
 from millstream.state.keys import (
+    SLOT_BYTES,
     Key,
     encode_keys,
     key_bytes,
@@ -343,27 +344,26 @@ class StoreTransaction(ABC):
     ) -> None:
         """Atomically add ``deltas[i]`` to ``keyspace + (keys[i],)`` for every i.
 
-        The batch form of :meth:`add` for reducers folding many keys into their state. Keys
-        may repeat; every delta is added.
+                The batch form of :meth:`add` for reducers folding many keys into their state. Keys
+                may repeat; every delta is added.
 
-        Several counters per key go in one call as int columns (a ``RecordBatch`` or
-        ``Table``): each key then holds one value with one int64 per column, its *lanes*,
-        little-endian and back to back, and the columns are added lane by lane (each lane
-        wraps around in 64 bits like :meth:`add`; a stored value of another width is first
-        cut or zero-extended to this one's). One stored entry per key instead of one per
-        counter: a fraction of the bytes a commit writes. Read them back with
-        :func:`~millstream.state.decode_int64s`. On SQLite the lanes are added in the
-        commit; FoundationDB's atomic add covers one integer, so there the lanes are read
-        and rewritten: a read of each key, conflict-checked like any read. That costs
-        nothing extra for keys one reducer owns (a keyed aggregation's); a key that several
-        reducers add to (a global total) is better kept as single counters, whose adds
-        never conflict.
+                Several counters per key go in one call as int columns (a ``RecordBatch`` or
+                ``Table``): each key then holds one value with one int64 per column, its *lanes*,
+                little-endian and back to back, and the columns are added lane by lane (each lane
+                wraps around in 64 bits like :meth:`add`; a stored value of another width is first
+                cut or zero-extended to this one's). One stored entry per key instead of one per
+                counter: a fraction of the bytes a commit writes. Read them back with
+        :func:`~millstream.state.decode_int64s`. Like :meth:`add`, lanes are added
+                without a read and never conflict: on SQLite in the commit, on FoundationDB by one
+                atomic ``ADD`` per key, each lane in a 16-byte slot that keeps its carries
+                (:data:`~millstream.state.keys.SLOT_BYTES`; the value is then ``16 * lanes + 1``
+                bytes, which ``decode_int64s`` reads).
 
-        Args:
-            keyspace: Tuple prefix shared by the keys.
-            keys: Arrow array (or sequence) of key elements: ints, strings or binaries.
-            deltas: Arrow int array (or sequence of ints) aligned with ``keys``, or int
-                columns aligned with it (one lane per column).
+                Args:
+                    keyspace: Tuple prefix shared by the keys.
+                    keys: Arrow array (or sequence) of key elements: ints, strings or binaries.
+                    deltas: Arrow int array (or sequence of ints) aligned with ``keys``, or int
+                        columns aligned with it (one lane per column).
         """
         self._start_write()
         key_array = _as_array(keys)
@@ -382,11 +382,11 @@ class StoreTransaction(ABC):
         raw = self._batch_keys(keyspace, key_array)
         width = 8 * len(columns)
         if raw:
-            self._limits.check_value(raw[0], width)
+            # What FoundationDB stores (and counts): a slot per lane past one (SLOT_BYTES).
+            stored = width if len(columns) == 1 else SLOT_BYTES * len(columns) + 1
+            self._limits.check_value(raw[0], stored)
             size = key_bytes(raw)
-            self._grow(write_bytes(len(raw), size, width * len(raw)), size + width * len(raw))
-            if width > 8:  # FoundationDB reads each key to add lanes (a read conflict)
-                self._grow(read_bytes(len(raw), size), 0)
+            self._grow(write_bytes(len(raw), size, stored * len(raw)), size + width * len(raw))
         lanes = [column.cast(pa.int64()).to_numpy(zero_copy_only=False) for column in columns]
         if len(lanes) == 1:
             self._raw_add_many(raw, lanes[0].tolist())

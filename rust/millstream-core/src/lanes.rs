@@ -1,76 +1,28 @@
-//! Counter lanes: several int64 counters kept in one stored value, little-endian and back to
-//! back, added lane by lane (each lane wrapping around in 64 bits, no carry between lanes).
+//! Counter lanes as FoundationDB stores them: several int64 counters of one key added by
+//! one atomic `ADD`, with no read.
 //!
-//! The same rules as `millstream.state.keys.add_int64s` and `fold_int64s`: a stored value
-//! of another width is cut or zero-extended to the delta's width (what FoundationDB's `ADD`
-//! does to a whole value), and the deltas of a key repeated in one batch are added together
-//! first.
+//! FoundationDB's `ADD` adds a whole value as one little-endian integer, so a carry out of
+//! one int64 would run into the next. Each lane therefore takes a *slot* of 16 bytes: the
+//! int64 (two's complement), then 8 bytes that take its carries. A lane's delta goes into
+//! the low half with a zero high half; its sum wraps in the low half exactly as an int64
+//! add wraps, and the high half counts the carries, at most one per add, so it reaches the
+//! next slot only after 2^64 adds. One byte follows the slots: a value of `16 * lanes + 1`
+//! bytes is odd, and so never mistaken for plain int64s (8 bytes each); it stays zero.
+//!
+//! `ADD` zero-extends a shorter stored value and cuts a longer one to the delta's length:
+//! a value of another width is cut or zero-extended lane by lane, as on SQLite. Readers
+//! take the low half of each slot (`millstream.state.keys.decode_int64s`).
 
-use std::collections::HashMap;
+/// Bytes a lane takes in a stored value.
+pub const SLOT_BYTES: usize = 16;
 
-/// `base` plus `delta` lane by lane, as the value to store: `delta.len()` lanes, each an
-/// int64 wrapping around; a shorter `base` (or none) is zero-extended, a longer one cut.
-pub fn add(base: Option<&[u8]>, delta: &[i64]) -> Vec<u8> {
-    let width = 8 * delta.len();
-    let mut out = vec![0u8; width];
-    let base = base.unwrap_or_default();
-    let kept = base.len().min(width);
-    out[..kept].copy_from_slice(&base[..kept]);
-    for (lane, d) in out.chunks_exact_mut(8).zip(delta) {
-        let stored = i64::from_le_bytes(lane.try_into().expect("an 8-byte lane"));
-        lane.copy_from_slice(&stored.wrapping_add(*d).to_le_bytes());
+/// Appends to `out` the `ADD` operand that adds `deltas` lane by lane.
+pub fn push_operand(deltas: &[i64], out: &mut Vec<u8>) {
+    for delta in deltas {
+        out.extend_from_slice(&delta.to_le_bytes());
+        out.extend_from_slice(&[0; 8]);
     }
-    out
-}
-
-/// A batch's keys, each once in order of first appearance, with their lanes added together.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Folded<'k> {
-    /// The distinct keys.
-    pub keys: Vec<&'k [u8]>,
-    /// `width` lanes per key of `keys`, row after row.
-    pub deltas: Vec<i64>,
-    /// Lanes per key.
-    pub width: usize,
-}
-
-impl<'k> Folded<'k> {
-    /// Folds `deltas` (`width` lanes per key, row after row, aligned with `keys`).
-    ///
-    /// # Panics
-    ///
-    /// If `width` is 0 or `deltas` does not hold `width` lanes for every key.
-    pub fn new(keys: &[&'k [u8]], deltas: &[i64], width: usize) -> Self {
-        assert!(width > 0, "counter lanes need a width of at least one");
-        assert_eq!(deltas.len(), keys.len() * width, "one row of lanes per key");
-        let mut index: HashMap<&'k [u8], usize> = HashMap::with_capacity(keys.len());
-        let mut folded = Folded {
-            keys: Vec::with_capacity(keys.len()),
-            deltas: Vec::with_capacity(deltas.len()),
-            width,
-        };
-        for (key, row) in keys.iter().zip(deltas.chunks_exact(width)) {
-            match index.get(key) {
-                Some(&i) => {
-                    let lanes = &mut folded.deltas[i * width..(i + 1) * width];
-                    for (lane, d) in lanes.iter_mut().zip(row) {
-                        *lane = lane.wrapping_add(*d);
-                    }
-                }
-                None => {
-                    index.insert(key, folded.keys.len());
-                    folded.keys.push(key);
-                    folded.deltas.extend_from_slice(row);
-                }
-            }
-        }
-        folded
-    }
-
-    /// The lanes of the `i`th distinct key.
-    pub fn lanes(&self, i: usize) -> &[i64] {
-        &self.deltas[i * self.width..(i + 1) * self.width]
-    }
+    out.push(0);
 }
 
 #[cfg(test)]
@@ -78,63 +30,94 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn lanes_of(value: &[u8]) -> Vec<i64> {
-        value
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+    /// The bytes of a stored value of `lanes` counters.
+    fn value_bytes(lanes: usize) -> usize {
+        SLOT_BYTES * lanes + 1
+    }
+
+    /// The lanes of a stored value (`None`: absent, all zero), cut or zero-extended to `lanes`.
+    fn read(value: Option<&[u8]>, lanes: usize) -> Vec<i64> {
+        let value = value.unwrap_or_default();
+        (0..lanes)
+            .map(|i| {
+                value
+                    .get(i * SLOT_BYTES..i * SLOT_BYTES + 8)
+                    .map_or(0, |b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            })
             .collect()
     }
 
-    #[test]
-    fn each_lane_wraps_on_its_own() {
-        let base: Vec<u8> = [i64::MAX, i64::MIN, 5]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let out = add(Some(&base), &[1, -1, -7]);
-        assert_eq!(lanes_of(&out), vec![i64::MIN, i64::MAX, -2]);
+    /// What `ADD` does to a stored value with `operand`, as FoundationDB documents it: the
+    /// stored value zero-extended or cut to the operand's length, then both added as one
+    /// little-endian integer (the last carry dropped).
+    fn fdb_add(stored: Option<&[u8]>, operand: &[u8]) -> Vec<u8> {
+        let mut out = stored.unwrap_or_default().to_vec();
+        out.resize(operand.len(), 0);
+        let mut carry = 0u16;
+        for (byte, add) in out.iter_mut().zip(operand) {
+            let sum = u16::from(*byte) + u16::from(*add) + carry;
+            *byte = (sum & 0xff) as u8;
+            carry = sum >> 8;
+        }
+        out
+    }
+
+    fn operand(deltas: &[i64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        push_operand(deltas, &mut out);
+        out
     }
 
     #[test]
-    fn a_base_of_another_width_is_cut_or_zero_extended() {
-        assert_eq!(lanes_of(&add(None, &[3, 4])), vec![3, 4]);
-        assert_eq!(lanes_of(&add(Some(&[1]), &[1, 1])), vec![2, 1]);
-        let wide: Vec<u8> = [9i64, 8, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(lanes_of(&add(Some(&wide), &[1, 1])), vec![10, 9]);
-        let ragged = [0xffu8; 11]; // one lane of -1, then three bytes of the next
-        assert_eq!(lanes_of(&add(Some(&ragged), &[1, 0])), vec![0, 0xff_ffff]);
+    fn an_operand_is_one_slot_a_lane_and_a_byte() {
+        let bytes = operand(&[1, -1]);
+        assert_eq!(bytes.len(), value_bytes(2));
+        assert_eq!(bytes.len() % 8, 1);
+        assert_eq!(&bytes[..8], &1i64.to_le_bytes());
+        assert_eq!(&bytes[8..16], &[0; 8]);
+        assert_eq!(&bytes[16..24], &(-1i64).to_le_bytes());
     }
 
     #[test]
-    fn repeated_keys_fold_in_order_of_first_appearance() {
-        let keys: Vec<&[u8]> = vec![b"b", b"a", b"b", b"c", b"a"];
-        let deltas = [1, 10, 2, 20, i64::MAX, 30, 4, 40, 1, 1];
-        let folded = Folded::new(&keys, &deltas, 2);
-        assert_eq!(folded.keys, vec![&b"b"[..], b"a", b"c"]);
-        assert_eq!(folded.lanes(0), &[i64::MIN, 40]); // 1 + i64::MAX wraps
-        assert_eq!(folded.lanes(1), &[3, 21]);
-        assert_eq!(folded.lanes(2), &[4, 40]);
-        assert!(Folded::new(&[], &[], 3).keys.is_empty());
+    fn carries_stay_in_their_slot_and_lanes_wrap_like_int64() {
+        let mut value = None;
+        for deltas in [[i64::MAX, -1], [1, -1], [i64::MIN, 2]] {
+            value = Some(fdb_add(value.as_deref(), &operand(&deltas)));
+        }
+        let lanes = read(value.as_deref(), 2);
+        assert_eq!(
+            lanes,
+            vec![i64::MAX.wrapping_add(1).wrapping_add(i64::MIN), 0]
+        );
+    }
+
+    #[test]
+    fn another_width_is_cut_or_zero_extended_lane_by_lane() {
+        let three = fdb_add(None, &operand(&[5, 6, 7]));
+        assert_eq!(
+            read(Some(&fdb_add(Some(&three), &operand(&[1]))), 1),
+            vec![6]
+        );
+        let one = fdb_add(None, &operand(&[5]));
+        let widened = fdb_add(Some(&one), &operand(&[1, 1, 1]));
+        assert_eq!(read(Some(&widened), 3), vec![6, 1, 1]);
+        assert_eq!(read(None, 2), vec![0, 0]);
     }
 
     proptest! {
         #[test]
-        fn folding_then_adding_is_adding_one_by_one(
-            rows in prop::collection::vec((0u8..4, any::<i64>(), any::<i64>()), 0..40),
+        fn any_adds_give_the_wrapping_sums(
+            rounds in prop::collection::vec(prop::collection::vec(any::<i64>(), 3), 1..40)
         ) {
-            let names: Vec<[u8; 1]> = rows.iter().map(|r| [r.0]).collect();
-            let keys: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
-            let deltas: Vec<i64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
-            let folded = Folded::new(&keys, &deltas, 2);
-            let mut one_by_one: HashMap<&[u8], Vec<u8>> = HashMap::new();
-            for (key, row) in keys.iter().zip(deltas.chunks_exact(2)) {
-                let next = add(one_by_one.get(key).map(Vec::as_slice), row);
-                one_by_one.insert(key, next);
+            let mut value: Option<Vec<u8>> = None;
+            let mut expected = [0i64; 3];
+            for deltas in &rounds {
+                value = Some(fdb_add(value.as_deref(), &operand(deltas)));
+                for (sum, delta) in expected.iter_mut().zip(deltas) {
+                    *sum = sum.wrapping_add(*delta);
+                }
             }
-            prop_assert_eq!(folded.keys.len(), one_by_one.len());
-            for (i, key) in folded.keys.iter().enumerate() {
-                prop_assert_eq!(&add(None, folded.lanes(i)), &one_by_one[key]);
-            }
+            prop_assert_eq!(read(value.as_deref(), 3), expected.to_vec());
         }
     }
 }

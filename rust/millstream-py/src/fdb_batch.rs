@@ -126,7 +126,7 @@ impl PyFdbBatch {
     }
 
     /// Adds `deltas` (`width` little-endian int64 lanes per key, back to back) to `keys`
-    /// lane by lane: folded by key, read, added and written back.
+    /// lane by lane: one atomic `ADD` per key in the slot layout, no read.
     fn add_lanes(
         &self,
         py: Python<'_>,
