@@ -1,8 +1,8 @@
 """FoundationDB's batch operations: a reducer's ``add_many`` of 20,000 existing int64 keys
 in one transaction, one counter per key (an atomic ``ADD`` each) and two (counter lanes:
-each key read, added and written back). What the Rust core's loop costs against the
-binding's Python one (issue 48); on a one-process cluster started for the module, or
-skipped without FoundationDB's binaries.
+an atomic ``ADD`` of 16-byte slots each). What the Rust core's loop costs (issue 48); on
+a one-process cluster started for the module, or skipped without FoundationDB's
+binaries.
 """
 
 from __future__ import annotations

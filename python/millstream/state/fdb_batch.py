@@ -1,8 +1,8 @@
 """FoundationDB's batch operations issued by the native core, one C call per key.
 
 The official binding spends microseconds of Python per key and operation (its ``get``,
-``set`` and future wrappers, about 25 us per key for counter lanes): a reducer's
-``add_many`` of 100,000 keys took seconds of a transaction's five.
+``set``, ``add`` and future wrappers, about 5 us per key and call): a reducer's
+``add_many`` of 100,000 keys took a good part of a transaction's five seconds.
 :class:`~millstream._core.FdbBatch` makes the same C calls from Rust with the GIL
 released. It does not link ``libfdb_c`` (the package runs without it): it takes the
 addresses of the functions the binding has loaded, with the API version it selected, and
