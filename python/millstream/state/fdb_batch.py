@@ -24,7 +24,7 @@ from millstream._core import FdbBatch
 from millstream.exceptions import StoreUnavailableError
 from millstream.state.keys import EncodedKeys
 
-_FUNCTIONS = (
+C_FUNCTIONS = (
     "transaction_get",
     "transaction_set",
     "transaction_atomic_op",
@@ -32,6 +32,8 @@ _FUNCTIONS = (
     "future_get_value",
     "future_destroy",
 )
+"""The ``libfdb_c`` functions the batch operations call (without their ``fdb_`` prefix), as
+:class:`~millstream._core.FdbBatch` takes their addresses."""
 
 
 @functools.cache
@@ -47,7 +49,7 @@ def batch_operations(fdb: Any) -> FdbBatch:
         capi = fdb.impl._capi
         addresses = {
             name: ctypes.cast(getattr(capi, f"fdb_{name}"), ctypes.c_void_p).value or 0
-            for name in _FUNCTIONS
+            for name in C_FUNCTIONS
         }
     except AttributeError as exc:
         from millstream.state.fdb_backend import BINDING_REQUIREMENT

@@ -12,16 +12,7 @@ from millstream import _core
 from millstream.exceptions import MillstreamError, StoreUnavailableError
 from millstream.state import open_store
 from millstream.state.fdb_backend import BINDING_REQUIREMENT, FdbStore
-from millstream.state.fdb_batch import batch_operations
-
-ADDRESSES = (
-    "transaction_get",
-    "transaction_set",
-    "transaction_atomic_op",
-    "future_block_until_ready",
-    "future_get_value",
-    "future_destroy",
-)
+from millstream.state.fdb_batch import C_FUNCTIONS, batch_operations
 
 
 def test_a_binding_that_hides_its_c_library_is_refused_with_the_pin() -> None:
@@ -31,7 +22,7 @@ def test_a_binding_that_hides_its_c_library_is_refused_with_the_pin() -> None:
 
 
 def test_a_null_address_is_refused_by_name() -> None:
-    addresses = dict.fromkeys(ADDRESSES, 1) | {"future_get_value": 0}
+    addresses = dict.fromkeys(C_FUNCTIONS, 1) | {"future_get_value": 0}
     with pytest.raises(MillstreamError, match="fdb_future_get_value is null"):
         _core.FdbBatch(**addresses, error=RuntimeError)
 
