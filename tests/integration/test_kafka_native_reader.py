@@ -156,7 +156,7 @@ def test_native_reader_refuses_tls_and_sasl(kafka_bootstrap: str) -> None:
 def test_a_broker_stopped_mid_read_loses_and_doubles_nothing() -> None:
     with noida_broker() as broker:
         name = new_topic(broker.bootstrap, 1)
-        produce(broker.bootstrap, name, [(0, None, b"%d" % i) for i in range(20_000)])
+        produce(broker.bootstrap, name, [(0, None, b"%d" % i) for i in range(5_000)])
         reader = KafkaPartitionReader(
             broker.bootstrap, name, 0, 0, 20_000, fetch_bytes=64 << 10, timeout_seconds=2.0
         )
@@ -171,9 +171,32 @@ def test_a_broker_stopped_mid_read_loses_and_doubles_nothing() -> None:
                     b"%d" % o for o in offsets[-batch.num_rows :]
                 ]
             if not stopped and len(offsets) >= 5_000:
-                broker.stop()  # the reader's thread is fetching ahead as this happens
+                # The reader's thread has its next fetch in flight as the broker stops.
+                broker.stop()
                 stopped = True
                 time.sleep(1.0)
                 broker.start()
+                more = [(0, None, b"%d" % i) for i in range(5_000, 20_000)]
+                produce(broker.bootstrap, name, more)
         assert stopped
         assert offsets == list(range(20_000))
+
+
+def test_a_small_read_ahead_holds_the_reader_back_and_loses_nothing(kafka_bootstrap: str) -> None:
+    """With room for one decoded response, the reader's thread waits for the caller after
+    each; every record still comes once, in order."""
+    name = new_topic(kafka_bootstrap, 1)
+    for round_ in range(5):
+        produce(kafka_bootstrap, name, [(0, None, b"%d" % (round_ * 400 + i)) for i in range(400)])
+    reader = KafkaPartitionReader(
+        kafka_bootstrap, name, 0, 0, 2_000, fetch_bytes=4 << 10, read_ahead_bytes=1
+    )
+    offsets: list[int] = []
+    deadline = time.monotonic() + 60
+    while not reader.ended() and time.monotonic() < deadline:
+        batch = reader.read(150, 0.5)
+        if batch is not None:
+            offsets.extend(batch.column("offset").to_pylist())
+            assert batch.column("value").to_pylist() == [b"%d" % o for o in offsets[-len(batch) :]]
+            time.sleep(0.01)  # a slow caller: the thread waits for room
+    assert offsets == list(range(2_000))

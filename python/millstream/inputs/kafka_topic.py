@@ -60,6 +60,7 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "max.partition.fetch.bytes": 8 * 1024 * 1024,
     "fetch.max.bytes": 64 * 1024 * 1024,
     "queued.min.messages": 200_000,
+    "queued.max.messages.kbytes": 64 * 1024,
 }
 """Settings every reader's consumer gets (``KafkaTopic.config`` cannot change them, except
 the fetch sizes)."""
@@ -140,7 +141,9 @@ class KafkaTopic:
             after each persist, so that Kafka's lag tools see the processor. Never read
             back (the processor's own state is the position).
         config: More librdkafka settings for the consumers (security, client id, fetch
-            sizes); ``isolation.level`` and the offset handling cannot be changed.
+            sizes, ``queued.max.messages.kbytes``: how much a partition's reader fetches
+            ahead of the mapper, 64 MiB by default); ``isolation.level`` and the offset
+            handling cannot be changed.
         timeout_seconds: How long metadata and offset queries may take.
         columns: Read only these of the record's columns (in this order; the mapper sees
             nothing else). With confluent-kafka each column costs a call per record to
@@ -495,6 +498,7 @@ class KafkaPartitionReader:
             client_id=str(config.get("client.id", "millstream")),
             timeout_seconds=self._source.timeout_seconds,
             fetch_bytes=int(config["max.partition.fetch.bytes"]),
+            read_ahead_bytes=int(config["queued.max.messages.kbytes"]) * 1024,
         )
 
     def _batch(self, messages: Sequence[Any]) -> pa.RecordBatch:
