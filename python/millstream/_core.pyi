@@ -81,6 +81,10 @@ class KafkaPartitionReader:
         """The offset of the next record :meth:`read` returns (or past which it looks)."""
     def ended(self) -> bool:
         """Whether every record before ``end`` was returned."""
+    def retrying(self) -> tuple[str, float, int] | None:
+        """What the reader's thread is waiting out, if its last attempt failed (a broker
+        it cannot reach, a leader that moved): the last error, the seconds since the run of
+        failed attempts began, and how many failed; ``None`` when the last got through."""
     def read(self, max_rows: int, wait_seconds: float) -> pa.RecordBatch | None:
         """Up to ``max_rows`` records from :meth:`position` on, waiting up to
         ``wait_seconds`` for the first (GIL released); ``None`` when none came.

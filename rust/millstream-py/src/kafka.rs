@@ -85,6 +85,14 @@ impl PyKafkaPartitionReader {
         py.detach(|| self.inner.lock().expect("reader lock").position())
     }
 
+    fn retrying(&self, py: Python<'_>) -> Option<(String, f64, u32)> {
+        py.detach(|| {
+            let retrying = self.inner.lock().expect("reader lock").retrying()?;
+            let seconds = retrying.since.elapsed().as_secs_f64();
+            Some((retrying.error.to_string(), seconds, retrying.attempts))
+        })
+    }
+
     fn ended(&self, py: Python<'_>) -> bool {
         py.detach(|| self.inner.lock().expect("reader lock").ended())
     }

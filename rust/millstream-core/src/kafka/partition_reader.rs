@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow_array::cast::AsArray;
@@ -75,6 +75,7 @@ struct Chunk {
 pub struct PartitionReader {
     chunks: Taker<KafkaResult<Chunk>>,
     stop: Arc<AtomicBool>,
+    retrying: Arc<Mutex<Option<Retrying>>>,
     pending: VecDeque<RecordBatch>,
     received: i64,
     end: Option<i64>,
@@ -86,12 +87,14 @@ impl PartitionReader {
     pub fn start(options: ReaderOptions) -> Self {
         let (giver, chunks) = read_ahead(options.read_ahead_bytes);
         let stop = Arc::new(AtomicBool::new(false));
+        let retrying = Arc::new(Mutex::new(None));
         let (received, end) = (options.start, options.end);
         let fetcher = Fetcher {
             position: options.start,
             fetch_bytes: options.fetch_bytes,
             options,
             stop: Arc::clone(&stop),
+            retrying: Arc::clone(&retrying),
             giver,
             spare: Vec::new(),
         };
@@ -102,6 +105,7 @@ impl PartitionReader {
         Self {
             chunks,
             stop,
+            retrying,
             pending: VecDeque::new(),
             received,
             end,
@@ -194,6 +198,15 @@ impl PartitionReader {
     pub fn wait(&mut self, timeout: Duration) -> KafkaResult<bool> {
         self.receive(timeout)
     }
+
+    /// What the thread is retrying now, if its last attempt failed: a broker it cannot
+    /// reach, a leader that moved (the errors the reader waits out rather than returns).
+    pub fn retrying(&self) -> Option<Retrying> {
+        self.retrying
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
 }
 
 impl Drop for PartitionReader {
@@ -203,6 +216,17 @@ impl Drop for PartitionReader {
     }
 }
 
+/// A run of failed attempts the reader's thread is waiting out.
+#[derive(Debug, Clone)]
+pub struct Retrying {
+    /// The last attempt's error.
+    pub error: KafkaError,
+    /// When the first attempt of the run failed.
+    pub since: Instant,
+    /// Attempts failed in the run.
+    pub attempts: u32,
+}
+
 /// The reader's thread: fetches, decodes, hands over.
 struct Fetcher {
     options: ReaderOptions,
@@ -210,6 +234,7 @@ struct Fetcher {
     position: i64,
     fetch_bytes: i32,
     stop: Arc<AtomicBool>,
+    retrying: Arc<Mutex<Option<Retrying>>>,
     giver: Giver<KafkaResult<Chunk>>,
     /// The last response's bytes, for the next response to reuse.
     spare: Vec<u8>,
@@ -242,8 +267,12 @@ impl Fetcher {
                 },
             };
             match step {
-                Ok(()) => backoff = Duration::from_millis(10),
+                Ok(()) => {
+                    backoff = Duration::from_millis(10);
+                    self.retried(None);
+                }
                 Err(e) if e.retriable() => {
+                    self.retried(Some(e));
                     (connection, in_flight) = (None, None);
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -254,6 +283,26 @@ impl Fetcher {
                 }
             }
         }
+    }
+
+    /// Records an attempt: failed with `error`, or through.
+    fn retried(&self, error: Option<KafkaError>) {
+        let mut retrying = self
+            .retrying
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *retrying = error.map(|error| match retrying.take() {
+            Some(run) => Retrying {
+                error,
+                since: run.since,
+                attempts: run.attempts + 1,
+            },
+            None => Retrying {
+                error,
+                since: Instant::now(),
+                attempts: 1,
+            },
+        });
     }
 
     fn finished(&self, offset: i64) -> bool {
