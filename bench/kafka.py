@@ -26,7 +26,7 @@ reported apart (a Kafka user pays them whether or not millstream reads the topic
 
 The broker's share: every partition fetched whole by clients that only receive
 (:mod:`bench.kafka_broker_alone`), its time and the broker's CPU seconds; with the Parquet
-runs' machine CPU seconds (every process, the machine's background taken off) this bounds
+runs' CPU seconds (the runner's and every worker's) this bounds
 the Kafka job's rows/s on this machine whatever the reader does (:func:`print_broker_bound`).
 
 Where the time goes: each partition reader alone (``KafkaPartitionReader.read`` against
@@ -172,7 +172,7 @@ def run_job(
     source: str, make_input: Callable[[], Any], work: Path, broker_pid: int, expected: Any
 ) -> dict[str, Any]:
     """One drained run of the keyed sum: its wall time, the bytes written, the broker's CPU
-    seconds and the machine's (every process's, less what the machine ran before it)."""
+    seconds and the job's (this process's and every worker's, the broker's left out)."""
     url = f"sqlite:///{work / f'state-{time.monotonic_ns()}.db'}"
     processor = ms.Processor(
         mapper=keyed_sum.PreAggregate if source == "parquet" else KafkaPreAggregate,
@@ -182,14 +182,13 @@ def run_job(
         num_reducers=2,
         name="keyed_sum",
     )
-    background = background_busy_rate()
     meter = ProcessTreeMeter([os.getpid(), broker_pid], 0.2)
     meter.start()
     broker_cpu = cpu_seconds(broker_pid)
-    busy, started = machine_busy_seconds(), time.monotonic()
+    job_cpu, started = tree_cpu_seconds(os.getpid(), broker_pid), time.monotonic()
     ms.run_local(processor)
     wall = time.monotonic() - started
-    busy = machine_busy_seconds() - busy - background * wall
+    job_cpu = tree_cpu_seconds(os.getpid(), broker_pid) - job_cpu
     broker_cpu = cpu_seconds(broker_pid) - broker_cpu
     report = meter.stop()
     if stored_sums(url, "keyed_sum") != expected:
@@ -200,24 +199,32 @@ def run_job(
         "write_bytes": report.write_bytes,
         "broker_write_bytes": broker,
         "broker_cpu_seconds": broker_cpu,
-        "machine_cpu_seconds": busy,
+        "job_cpu_seconds": job_cpu,
     }
 
 
-def machine_busy_seconds() -> float:
-    """CPU seconds every core of the machine has been busy (``/proc/stat``: all but idle
-    and iowait) since boot."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def background_busy_rate(seconds: float = 0.5) -> float:
-    """Busy cores of the machine while this benchmark waits (what else runs), so that a
-    run's machine CPU counts only the run: 0 on a quiet machine."""
-    busy = machine_busy_seconds()
-    time.sleep(seconds)
-    return (machine_busy_seconds() - busy) / seconds
+def tree_cpu_seconds(root: int, leave_out: int) -> float:
+    """CPU seconds of process ``root`` and every process under it but ``leave_out``'s tree,
+    and of the children each has reaped (``/proc/<pid>/stat``: utime, stime, cutime,
+    cstime): a worker that ended during a run counts in its parent's reaped children."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        ticks[int(entry)] = sum(int(f) for f in fields[11:15])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid != leave_out:
+            total += ticks.get(pid, 0)
+            todo.extend(children.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -332,18 +339,18 @@ def print_broker_bound(parquet: list[dict[str, Any]], served: list[Any]) -> None
     Reading the topic cannot cost the machine less than the broker's CPU in serving it
     (``served``: every partition fetched whole by clients that only receive), and the
     Kafka job does at least the Parquet job's work beside it, so on this machine's cores
-    the Kafka job takes at least (Parquet's machine CPU + the broker's) / cores, whatever
+    the Kafka job takes at least (the Parquet job's CPU + the broker's) / cores, whatever
     the reader does."""
     cores = os.cpu_count() or 1
     wall = statistics.median(r["wall"] for r in parquet)
-    job = statistics.median(r["machine_cpu_seconds"] for r in parquet)
+    job = statistics.median(r["job_cpu_seconds"] for r in parquet)
     broker = statistics.median(s.broker_cpu_seconds for s in served)
     seconds = statistics.median(s.seconds for s in served)
     least = (job + broker) / cores
     print(
         f"\nThe broker alone: every partition served whole to clients that only receive in "
         f"{seconds:.2f} s (medians of {len(served)}), {broker:.2f} CPU s. The Parquet job: "
-        f"{wall:.2f} s, {job:.2f} machine CPU s. On {cores} cores a Kafka job takes at least "
+        f"{wall:.2f} s, {job:.2f} CPU s. On {cores} cores a Kafka job takes at least "
         f"({job:.2f} + {broker:.2f}) / {cores} = {least:.2f} s: Kafka / Parquet rows/s "
         f"<= {wall / max(least, wall):.2f} with a reader that cost nothing."
     )
@@ -397,7 +404,7 @@ def main() -> None:
     print(f"\n{args.rows:,} rows, {args.pairs} alternating rounds, medians\n")
     print(
         "| source | wall s | rows/s | written bytes per input byte (broker's) | broker CPU s "
-        "| machine CPU s |"
+        "| job CPU s |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
     for source, rs in runs.items():
@@ -405,10 +412,10 @@ def main() -> None:
         written = statistics.median(r["write_bytes"] for r in rs) / input_bytes
         broker = statistics.median(r["broker_write_bytes"] for r in rs) / input_bytes
         cpu = statistics.median(r["broker_cpu_seconds"] for r in rs)
-        machine = statistics.median(r["machine_cpu_seconds"] for r in rs)
+        job_cpu = statistics.median(r["job_cpu_seconds"] for r in rs)
         print(
             f"| {source} | {wall:.2f} | {args.rows / wall:,.0f} | {written:.3f} ({broker:.3f}) "
-            f"| {cpu:.2f} | {machine:.2f} |"
+            f"| {cpu:.2f} | {job_cpu:.2f} |"
         )
     for source, rs in ratios.items():
         print(
