@@ -24,6 +24,11 @@ the broker's process, sampled during each run (:mod:`bench.io_meter`), per input
 bytes a row, as in the other benchmarks); the broker's writes while the topic is filled are
 reported apart (a Kafka user pays them whether or not millstream reads the topic).
 
+The broker's share: every partition fetched whole by clients that only receive
+(:mod:`bench.kafka_broker_alone`), its time and the broker's CPU seconds; with the Parquet
+runs' CPU seconds (the runner's and every worker's) this bounds
+the Kafka job's rows/s on this machine whatever the reader does (:func:`print_broker_bound`).
+
 Where the time goes: each partition reader alone (``KafkaPartitionReader.read`` against
 ``ParquetLogReader.read``, reading every row in batches of ``Tuning().batch_rows``), the
 mapper's ``map`` alone on those batches, and a cProfile of the Kafka reader's loop.
@@ -60,40 +65,13 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from bench.io_meter import ProcessTreeMeter
+from bench.kafka_broker_alone import serve_all
+from bench.kafka_mapper import VALUE_BYTES, KafkaPreAggregate
 from bench.keyed_sum_stores import expected_sums, stored_sums
 from examples import keyed_sum
 
 ROW_BYTES = 84
 """Input bytes per row (8 + 8 + 64 + a 4-byte offset, as in the other benchmarks)."""
-VALUE_BYTES = 80
-"""A record's value: key and value as little-endian int64, then the 64-byte payload."""
-
-
-class KafkaPreAggregate(ms.Mapper):
-    """The example's pre-aggregating mapper over the topic's fixed-width values."""
-
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        keys, values = unpack(batch.column("value"))
-        table = pa.table({"key": keys, "value": values})
-        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
-        sums = sums.rename_columns(["key", "value"])
-        return ms.Partitioned.by_hash(sums, key="key", num_reducers=self.spec.num_reducers)
-
-
-def unpack(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Key and value (int64) out of a binary column of 80-byte values, without a copy per
-    row."""
-    n = len(column)
-    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[
-        column.offset : column.offset + n + 1
-    ]
-    start, end = int(offsets[0]), int(offsets[-1])
-    if end - start != n * VALUE_BYTES:
-        raise ValueError(f"values are not all {VALUE_BYTES} bytes")
-    rows = np.frombuffer(column.buffers()[2], dtype=np.uint8)[start:end].reshape(n, VALUE_BYTES)
-    keys = np.ascontiguousarray(rows[:, 0:8]).view("<i8").ravel()
-    values = np.ascontiguousarray(rows[:, 8:16]).view("<i8").ravel()
-    return keys, values
 
 
 # -- the broker and the topic ----------------------------------------------------------------
@@ -194,13 +172,10 @@ def run_job(
     source: str, make_input: Callable[[], Any], work: Path, broker_pid: int, expected: Any
 ) -> dict[str, Any]:
     """One drained run of the keyed sum: its wall time, the bytes written, the broker's CPU
-    seconds and the job's (this process's and its workers', as last sampled)."""
-    # Workers import the mapper by its module: bench.kafka, even when run as a script.
-    from bench.kafka import KafkaPreAggregate as mapper
-
+    seconds and the job's (this process's and every worker's, the broker's left out)."""
     url = f"sqlite:///{work / f'state-{time.monotonic_ns()}.db'}"
     processor = ms.Processor(
-        mapper=keyed_sum.PreAggregate if source == "parquet" else mapper,
+        mapper=keyed_sum.PreAggregate if source == "parquet" else KafkaPreAggregate,
         reducer=keyed_sum.SumIntoStore,
         input=make_input(),
         store=url,
@@ -209,15 +184,13 @@ def run_job(
     )
     meter = ProcessTreeMeter([os.getpid(), broker_pid], 0.2)
     meter.start()
-    broker_cpu, own_cpu = cpu_seconds(broker_pid), time.process_time()
-    started = time.monotonic()
+    broker_cpu = cpu_seconds(broker_pid)
+    job_cpu, started = tree_cpu_seconds(os.getpid(), broker_pid), time.monotonic()
     ms.run_local(processor)
     wall = time.monotonic() - started
-    broker_cpu, own_cpu = cpu_seconds(broker_pid) - broker_cpu, time.process_time() - own_cpu
+    job_cpu = tree_cpu_seconds(os.getpid(), broker_pid) - job_cpu
+    broker_cpu = cpu_seconds(broker_pid) - broker_cpu
     report = meter.stop()
-    mine = [
-        p for p in report.processes if p.pid != os.getpid() and broker_pid not in (p.pid, p.ppid)
-    ]
     if stored_sums(url, "keyed_sum") != expected:
         raise RuntimeError(f"{source}: the sums differ from the expected ones")
     broker = sum(p.written for p in report.processes if p.pid == broker_pid)
@@ -226,8 +199,32 @@ def run_job(
         "write_bytes": report.write_bytes,
         "broker_write_bytes": broker,
         "broker_cpu_seconds": broker_cpu,
-        "job_cpu_seconds": own_cpu + sum(p.cpu_ticks for p in mine) / os.sysconf("SC_CLK_TCK"),
+        "job_cpu_seconds": job_cpu,
     }
+
+
+def tree_cpu_seconds(root: int, leave_out: int) -> float:
+    """CPU seconds of process ``root`` and every process under it but ``leave_out``'s tree,
+    and of the children each has reaped (``/proc/<pid>/stat``: utime, stime, cutime,
+    cstime): a worker that ended during a run counts in its parent's reaped children."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        ticks[int(entry)] = sum(int(f) for f in fields[11:15])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid != leave_out:
+            total += ticks.get(pid, 0)
+            todo.extend(children.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -336,6 +333,29 @@ def profile_kafka_reader(bootstrap: str, topic: str, top: int = 12) -> str:
 # -- the driver ------------------------------------------------------------------------------
 
 
+def print_broker_bound(parquet: list[dict[str, Any]], served: list[Any]) -> None:
+    """What the broker alone leaves of the Kafka job's rows/s against Parquet's.
+
+    Reading the topic cannot cost the machine less than the broker's CPU in serving it
+    (``served``: every partition fetched whole by clients that only receive), and the
+    Kafka job does at least the Parquet job's work beside it, so on this machine's cores
+    the Kafka job takes at least (the Parquet job's CPU + the broker's) / cores, whatever
+    the reader does."""
+    cores = os.cpu_count() or 1
+    wall = statistics.median(r["wall"] for r in parquet)
+    job = statistics.median(r["job_cpu_seconds"] for r in parquet)
+    broker = statistics.median(s.broker_cpu_seconds for s in served)
+    seconds = statistics.median(s.seconds for s in served)
+    least = (job + broker) / cores
+    print(
+        f"\nThe broker alone: every partition served whole to clients that only receive in "
+        f"{seconds:.2f} s (medians of {len(served)}), {broker:.2f} CPU s. The Parquet job: "
+        f"{wall:.2f} s, {job:.2f} CPU s. On {cores} cores a Kafka job takes at least "
+        f"({job:.2f} + {broker:.2f}) / {cores} = {least:.2f} s: Kafka / Parquet rows/s "
+        f"<= {wall / max(least, wall):.2f} with a reader that cost nothing."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
@@ -367,6 +387,10 @@ def main() -> None:
                     runs[source].append(run)
                     print(f"pair {pair} {source}: {run}", file=sys.stderr)
             alone = readers_alone(data, bootstrap, broker_pid, topic)
+            ends = [args.rows // keyed_sum.PARTITIONS] * keyed_sum.PARTITIONS
+            served = [
+                serve_all(bootstrap, topic, ends, lambda: cpu_seconds(broker_pid)) for _ in range(3)
+            ]
             profile = profile_kafka_reader(bootstrap, topic)
     finally:
         if args.work is None:
@@ -378,16 +402,20 @@ def main() -> None:
         if source != "parquet"
     }
     print(f"\n{args.rows:,} rows, {args.pairs} alternating rounds, medians\n")
-    print("| source | wall s | rows/s | written bytes per input byte (broker's) | broker CPU s |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| source | wall s | rows/s | written bytes per input byte (broker's) | broker CPU s "
+        "| job CPU s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     for source, rs in runs.items():
         wall = statistics.median(r["wall"] for r in rs)
         written = statistics.median(r["write_bytes"] for r in rs) / input_bytes
         broker = statistics.median(r["broker_write_bytes"] for r in rs) / input_bytes
         cpu = statistics.median(r["broker_cpu_seconds"] for r in rs)
+        job_cpu = statistics.median(r["job_cpu_seconds"] for r in rs)
         print(
             f"| {source} | {wall:.2f} | {args.rows / wall:,.0f} | {written:.3f} ({broker:.3f}) "
-            f"| {cpu:.1f} |"
+            f"| {cpu:.2f} | {job_cpu:.2f} |"
         )
     for source, rs in ratios.items():
         print(
@@ -409,10 +437,12 @@ def main() -> None:
             f"{f['reader_cpu_seconds'] / n * 1e6:.2f} | {f['broker_cpu_seconds'] / n * 1e6:.2f} "
             f"| {mapped} |"
         )
+    print_broker_bound(runs["parquet"], served)
     print("\ncProfile of the Kafka reader reading partition 0:\n")
     print(profile)
     if args.json is not None:
         figures = {"rows": args.rows, "runs": runs, "ratios": ratios, "alone": alone}
+        figures["broker_alone"] = [vars(s) for s in served]
         figures |= {"fill_seconds": fill_seconds, "fill_broker_write_bytes": fill_broker}
         args.json.write_text(json.dumps(figures, indent=2))
 

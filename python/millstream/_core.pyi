@@ -51,10 +51,11 @@ class KafkaOffsetOutOfRangeError(KafkaReadError):
 
 @final
 class KafkaPartitionReader:
-    """Reads one Kafka topic partition ``read_committed`` over a plain connection, a fetch
-    ahead of its caller (a thread of its own fetches and decodes the next response while
-    the caller works on the last). A broken connection or a moved leader is retried from
-    the offset after the last response handed over: no record is lost or doubled.
+    """Reads one Kafka topic partition ``read_committed`` over a plain connection, ahead of
+    its caller: a thread of its own fetches and decodes while the caller works on what it
+    took, holding up to ``read_ahead_bytes`` of decoded records, and sends each fetch before
+    it decodes the response to the last. A broken connection or a moved leader is retried
+    from the offset after the last response handed over: no record is lost or doubled.
 
     Batches have every record column (key, value, timestamp, headers, partition, offset),
     the value raw.
@@ -72,6 +73,7 @@ class KafkaPartitionReader:
         timeout_seconds: float = 10.0,
         max_wait_ms: int = 100,
         fetch_bytes: int = 8 << 20,
+        read_ahead_bytes: int = 64 << 20,
     ) -> KafkaPartitionReader:
         """Start reading ``partition`` of ``topic`` at offset ``start``, up to before
         ``end`` (``None``: never stop)."""
@@ -79,6 +81,10 @@ class KafkaPartitionReader:
         """The offset of the next record :meth:`read` returns (or past which it looks)."""
     def ended(self) -> bool:
         """Whether every record before ``end`` was returned."""
+    def retrying(self) -> tuple[str, float, int] | None:
+        """What the reader's thread is waiting out, if its last attempt failed (a broker
+        it cannot reach, a leader that moved): the last error, the seconds since the run of
+        failed attempts began, and how many failed; ``None`` when the last got through."""
     def read(self, max_rows: int, wait_seconds: float) -> pa.RecordBatch | None:
         """Up to ``max_rows`` records from :meth:`position` on, waiting up to
         ``wait_seconds`` for the first (GIL released); ``None`` when none came.

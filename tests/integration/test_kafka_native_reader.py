@@ -9,6 +9,7 @@ Run against a noida-db broker started for the session, or against the Kafka name
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -20,6 +21,7 @@ import pytest
 from confluent_kafka import Producer
 from millstream._core import KafkaPartitionReader
 from millstream.exceptions import ConfigurationError, InputError
+from millstream.inputs import kafka_core_reader
 
 from tests.support.kafka_broker import (
     BOOTSTRAP_VARIABLE,
@@ -156,7 +158,7 @@ def test_native_reader_refuses_tls_and_sasl(kafka_bootstrap: str) -> None:
 def test_a_broker_stopped_mid_read_loses_and_doubles_nothing() -> None:
     with noida_broker() as broker:
         name = new_topic(broker.bootstrap, 1)
-        produce(broker.bootstrap, name, [(0, None, b"%d" % i) for i in range(20_000)])
+        produce(broker.bootstrap, name, [(0, None, b"%d" % i) for i in range(5_000)])
         reader = KafkaPartitionReader(
             broker.bootstrap, name, 0, 0, 20_000, fetch_bytes=64 << 10, timeout_seconds=2.0
         )
@@ -171,9 +173,77 @@ def test_a_broker_stopped_mid_read_loses_and_doubles_nothing() -> None:
                     b"%d" % o for o in offsets[-batch.num_rows :]
                 ]
             if not stopped and len(offsets) >= 5_000:
-                broker.stop()  # the reader's thread is fetching ahead as this happens
+                # The reader's thread has its next fetch in flight as the broker stops.
+                broker.stop()
                 stopped = True
                 time.sleep(1.0)
                 broker.start()
+                more = [(0, None, b"%d" % i) for i in range(5_000, 20_000)]
+                produce(broker.bootstrap, name, more)
         assert stopped
         assert offsets == list(range(20_000))
+
+
+def test_a_small_read_ahead_holds_the_reader_back_and_loses_nothing(kafka_bootstrap: str) -> None:
+    """With room for one decoded response, the reader's thread waits for the caller after
+    each; every record still comes once, in order."""
+    name = new_topic(kafka_bootstrap, 1)
+    for round_ in range(5):
+        produce(kafka_bootstrap, name, [(0, None, b"%d" % (round_ * 400 + i)) for i in range(400)])
+    reader = KafkaPartitionReader(
+        kafka_bootstrap, name, 0, 0, 2_000, fetch_bytes=4 << 10, read_ahead_bytes=1
+    )
+    offsets: list[int] = []
+    deadline = time.monotonic() + 60
+    while not reader.ended() and time.monotonic() < deadline:
+        batch = reader.read(150, 0.5)
+        if batch is not None:
+            offsets.extend(batch.column("offset").to_pylist())
+            assert batch.column("value").to_pylist() == [b"%d" % o for o in offsets[-len(batch) :]]
+            time.sleep(0.01)  # a slow caller: the thread waits for room
+    assert offsets == list(range(2_000))
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get(BOOTSTRAP_VARIABLE)), reason="stops a broker of its own (noida-db)"
+)
+def test_a_broker_that_stays_away_is_warned_of_and_reading_goes_on_after(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kafka_core_reader, "RETRY_WARNING_SECONDS", 0.5)
+    with noida_broker() as broker:
+        name = new_topic(broker.bootstrap, 1)
+        produce(broker.bootstrap, name, [(0, None, b"%d" % i) for i in range(100)])
+        topic = ms.inputs.KafkaTopic(broker.bootstrap, name, native_reader=True)
+        reader = topic.reader(0)
+        try:
+            first = reader.read(0, 1_000, b"")
+            while first.batch is None:
+                reader.wait_for_rows(0, 1.0)
+                first = reader.read(0, 1_000, first.continuation_token)
+            assert first.batch.num_rows == 100
+            broker.stop()
+            with caplog.at_level(logging.WARNING, logger=kafka_core_reader.__name__):
+                deadline = time.monotonic() + 30
+                while "no fetch got through" not in caplog.text:
+                    assert time.monotonic() < deadline, "no warning while the broker was away"
+                    result = reader.read(100, 1_000, first.continuation_token)
+                    assert result.batch is None  # nothing skipped, nothing made up
+                    reader.wait_for_rows(100, 0.2)
+                warning = next(r for r in caplog.records if "no fetch got through" in r.message)
+                assert f"topic {name!r} partition 0" in warning.message
+                assert "check that it runs and is reachable" in warning.message
+                broker.start()
+                produce(broker.bootstrap, name, [(0, None, b"%d" % i) for i in range(100, 150)])
+                rows: list[bytes] = []
+                token = first.continuation_token
+                while len(rows) < 50:
+                    assert time.monotonic() < deadline + 60, "reading did not go on"
+                    result = reader.read(100 + len(rows), 1_000, token)
+                    token = result.continuation_token
+                    if result.batch is not None:
+                        rows.extend(result.batch.column("value").to_pylist())
+                assert rows == [b"%d" % i for i in range(100, 150)]
+                assert "a fetch got through again" in caplog.text
+        finally:
+            reader.close()

@@ -30,6 +30,7 @@ pub fn read(target: &Target, sink: &mut dyn FnMut(Vec<ArrayRef>)) {
         end: Some(target.end),
         max_wait_ms: 100,
         fetch_bytes: FETCH_BYTES,
+        read_ahead_bytes: 64 << 20,
     });
     while !reader.ended() {
         let batch = reader

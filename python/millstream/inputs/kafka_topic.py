@@ -30,15 +30,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from millstream._core import (
-    KafkaOffsetOutOfRangeError,
-    KafkaReadError,
-)
-from millstream._core import (
-    KafkaPartitionReader as NativeReader,
-)
+from millstream._core import KafkaOffsetOutOfRangeError, KafkaReadError
 from millstream.exceptions import ConfigurationError, InputError, MillstreamError
 from millstream.inputs.base import ReadResult
+from millstream.inputs.kafka_core_reader import CoreReader, CoreReaderSettings
 from millstream.inputs.kafka_decoders import RawBytes, ValueDecodeError, ValueDecoder
 
 if TYPE_CHECKING:
@@ -60,6 +55,7 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "max.partition.fetch.bytes": 8 * 1024 * 1024,
     "fetch.max.bytes": 64 * 1024 * 1024,
     "queued.min.messages": 200_000,
+    "queued.max.messages.kbytes": 64 * 1024,
 }
 """Settings every reader's consumer gets (``KafkaTopic.config`` cannot change them, except
 the fetch sizes)."""
@@ -140,7 +136,9 @@ class KafkaTopic:
             after each persist, so that Kafka's lag tools see the processor. Never read
             back (the processor's own state is the position).
         config: More librdkafka settings for the consumers (security, client id, fetch
-            sizes); ``isolation.level`` and the offset handling cannot be changed.
+            sizes, ``queued.max.messages.kbytes``: how much a partition's reader fetches
+            ahead of the mapper, 64 MiB by default); ``isolation.level`` and the offset
+            handling cannot be changed.
         timeout_seconds: How long metadata and offset queries may take.
         columns: Read only these of the record's columns (in this order; the mapper sees
             nothing else). With confluent-kafka each column costs a call per record to
@@ -317,8 +315,8 @@ class KafkaPartitionReader:
         self._head = 0
         self._position: int | None = None
         """The next offset the consumer delivers (after the buffer); None: not assigned."""
-        self._native: NativeReader | None = None
-        """The core's reader, when the topic reads natively (started by the first read)."""
+        self._native = self._core_reader() if source.native_reader else None
+        """The core's reader, when the topic reads natively."""
         try:
             count = source._current_partition_count(self._consumer)
         except ConfigurationError as exc:
@@ -431,8 +429,8 @@ class KafkaPartitionReader:
             else self._source.start_offset(self._partition)
         )
         want = max(1, end_row_index_hint - begin_row_index)
-        if self._source.native_reader:
-            return self._read_native(offset, want)
+        if self._native is not None:
+            return self._read_native(self._native, offset, want)
         if self._cursor() != offset:
             self._seek(offset)
         taken: list[Any] = []
@@ -457,21 +455,19 @@ class KafkaPartitionReader:
             return ReadResult(None, token, ended)
         return ReadResult(self._batch(taken), token, ended)
 
-    def _read_native(self, offset: int, want: int) -> ReadResult:
-        """:meth:`read` through the core's reader (started again at ``offset`` if it is
-        elsewhere)."""
+    def _read_native(self, native: CoreReader, offset: int, want: int) -> ReadResult:
+        """:meth:`read` through the core's reader."""
         if self._finished(offset):
             return ReadResult(None, _encode_token(offset), True)
-        if self._native is None or self._native.position() != offset:
-            self._native = self._start_native(offset)
         try:
-            records = self._native.read(want, FETCH_WAIT_SECONDS)
+            records = native.read(offset, want, FETCH_WAIT_SECONDS)
         except KafkaOffsetOutOfRangeError as exc:
             _, wanted, low, high = exc.args
             raise self._out_of_range(wanted, low, high) from exc
         except KafkaReadError as exc:
             raise InputError(f"{self._where()}: {exc}") from exc
-        cursor = self._native.position()
+        cursor = native.position()
+        assert cursor is not None
         token, ended = _encode_token(cursor), self._finished(cursor)
         if records is None:
             return ReadResult(None, token, ended)
@@ -484,18 +480,19 @@ class KafkaPartitionReader:
         ]
         return ReadResult(pa.RecordBatch.from_arrays(arrays, schema=self._schema), token, ended)
 
-    def _start_native(self, offset: int) -> NativeReader:
+    def _core_reader(self) -> CoreReader:
         config = {**CONSUMER_DEFAULTS, **self._source.config}
-        return NativeReader(
+        settings = CoreReaderSettings(
             self._source.bootstrap_servers,
             self._source.topic,
             self._partition,
-            offset,
             self._end,
             client_id=str(config.get("client.id", "millstream")),
             timeout_seconds=self._source.timeout_seconds,
             fetch_bytes=int(config["max.partition.fetch.bytes"]),
+            read_ahead_bytes=int(config["queued.max.messages.kbytes"]) * 1024,
         )
+        return CoreReader(settings)
 
     def _batch(self, messages: Sequence[Any]) -> pa.RecordBatch:
         """The records as a batch of the columns read: one list comprehension per column
@@ -576,7 +573,8 @@ class KafkaPartitionReader:
 
     def close(self) -> None:
         """Close the consumer and the core's reader."""
-        self._native = None
+        if self._native is not None:
+            self._native.close()
         self._consumer.close()
 
 

@@ -49,7 +49,7 @@ impl PyKafkaPartitionReader {
     #[pyo3(signature = (
         bootstrap_servers, topic, partition, start, end = None, *,
         client_id = "millstream", timeout_seconds = 10.0, max_wait_ms = 100,
-        fetch_bytes = 8 << 20,
+        fetch_bytes = 8 << 20, read_ahead_bytes = 64 << 20,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -62,6 +62,7 @@ impl PyKafkaPartitionReader {
         timeout_seconds: f64,
         max_wait_ms: i32,
         fetch_bytes: i32,
+        read_ahead_bytes: usize,
     ) -> Self {
         let timeout = Duration::from_secs_f64(timeout_seconds.max(0.1))
             + Duration::from_millis(max_wait_ms.max(0) as u64);
@@ -73,6 +74,7 @@ impl PyKafkaPartitionReader {
             end,
             max_wait_ms,
             fetch_bytes,
+            read_ahead_bytes,
         });
         Self {
             inner: Mutex::new(reader),
@@ -81,6 +83,14 @@ impl PyKafkaPartitionReader {
 
     fn position(&self, py: Python<'_>) -> i64 {
         py.detach(|| self.inner.lock().expect("reader lock").position())
+    }
+
+    fn retrying(&self, py: Python<'_>) -> Option<(String, f64, u32)> {
+        py.detach(|| {
+            let retrying = self.inner.lock().expect("reader lock").retrying()?;
+            let seconds = retrying.since.elapsed().as_secs_f64();
+            Some((retrying.error.to_string(), seconds, retrying.attempts))
+        })
     }
 
     fn ended(&self, py: Python<'_>) -> bool {

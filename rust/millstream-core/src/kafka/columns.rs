@@ -58,6 +58,12 @@ pub struct RecordColumns {
 impl RecordColumns {
     /// Empty columns for records of `partition`.
     pub fn new(partition: i32) -> Self {
+        Self::with_capacity(partition, 0, 0)
+    }
+
+    /// Empty columns with room for `records` records of `partition` whose values take
+    /// `value_bytes` in all, so that filling them grows no buffer.
+    pub fn with_capacity(partition: i32, records: usize, value_bytes: usize) -> Self {
         let headers = StructBuilder::new(
             header_fields(),
             vec![
@@ -67,12 +73,12 @@ impl RecordColumns {
         );
         Self {
             partition,
-            keys: BinaryBuilder::new(),
-            values: BinaryBuilder::new(),
-            timestamps: TimestampMillisecondBuilder::new().with_timezone("UTC"),
-            headers: ListBuilder::new(headers),
-            partitions: Int32Builder::new(),
-            offsets: Int64Builder::new(),
+            keys: BinaryBuilder::with_capacity(records, 0),
+            values: BinaryBuilder::with_capacity(records, value_bytes),
+            timestamps: TimestampMillisecondBuilder::with_capacity(records).with_timezone("UTC"),
+            headers: ListBuilder::with_capacity(headers, records),
+            partitions: Int32Builder::with_capacity(records),
+            offsets: Int64Builder::with_capacity(records),
         }
     }
 

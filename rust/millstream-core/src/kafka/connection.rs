@@ -1,7 +1,10 @@
-//! One TCP connection to one broker: requests go out framed with a correlation id, and the
-//! response to each is read whole before the next is sent (the reader never pipelines).
+//! One TCP connection to one broker: requests go out framed with a correlation id and their
+//! responses come back in the order the requests went out (Kafka answers a connection's
+//! requests in order), so a caller may send the next request before it reads the answer to
+//! the last ([`Connection::send`], then [`Connection::receive`]).
 
 use std::io::{Read, Write};
+use std::marker::PhantomData;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,37 +75,65 @@ impl Connection {
 
     /// Sends `request` and reads its response.
     pub fn call<R: Request>(&mut self, request: &R) -> KafkaResult<R::Response> {
+        let sent = self.send(request)?;
+        self.receive(sent, Vec::new())
+    }
+
+    /// Sends `request`; its response is read with [`receive`](Self::receive), after the
+    /// responses to the requests sent before it.
+    pub fn send<R: Request>(&mut self, request: &R) -> KafkaResult<Sent<R>> {
         self.correlation_id = self.correlation_id.wrapping_add(1);
-        let sent = self.correlation_id;
-        let mut w = Writer::request(R::API_KEY, R::VERSION, sent, &self.client_id);
+        let correlation_id = self.correlation_id;
+        let mut w = Writer::request(R::API_KEY, R::VERSION, correlation_id, &self.client_id);
         request.encode(&mut w);
-        let io = |source| KafkaError::Io {
-            broker: self.broker.clone(),
-            source: Arc::new(source),
-        };
-        self.stream.write_all(&w.framed()).map_err(io)?;
+        self.stream.write_all(&w.framed()).map_err(|e| self.io(e))?;
+        Ok(Sent {
+            correlation_id,
+            request: PhantomData,
+        })
+    }
+
+    /// Reads the response to `sent`, the oldest request not answered yet, into `buffer`
+    /// (cleared first; its allocation is reused, so a caller that hands back the last
+    /// response's bytes allocates and faults in no new memory).
+    pub fn receive<R: Request>(
+        &mut self,
+        sent: Sent<R>,
+        buffer: Vec<u8>,
+    ) -> KafkaResult<R::Response> {
         let mut size = [0u8; 4];
-        self.stream.read_exact(&mut size).map_err(io)?;
+        self.stream.read_exact(&mut size).map_err(|e| self.io(e))?;
         let size = i32::from_be_bytes(size);
-        if size < 4 {
-            return Err(KafkaError::Malformed {
-                broker: self.broker.clone(),
-                api: R::NAME,
-                source: super::wire::WireError {
-                    what: "response size",
-                    at: 0,
-                },
-            });
+        let malformed = |what| KafkaError::Malformed {
+            broker: self.broker.clone(),
+            api: R::NAME,
+            source: super::wire::WireError { what, at: 0 },
+        };
+        let Some(size) = usize::try_from(size).ok().filter(|size| *size >= 4) else {
+            return Err(malformed("response size"));
+        };
+        let mut body = buffer;
+        body.clear();
+        body.reserve(size);
+        // Reads into the spare capacity as it is: no zeroing of a buffer about to be filled.
+        let got = (&mut self.stream)
+            .take(size as u64)
+            .read_to_end(&mut body)
+            .map_err(|e| self.io(e))?;
+        if got != size {
+            let cut = std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("the connection closed after {got} of the response's {size} bytes"),
+            );
+            return Err(self.io(cut));
         }
-        let mut body = vec![0u8; size as usize];
-        self.stream.read_exact(&mut body).map_err(io)?;
         let got = Reader::new(&body)
             .i32("correlation id")
             .expect("four bytes");
-        if got != sent {
+        if got != sent.correlation_id {
             return Err(KafkaError::Correlation {
                 broker: self.broker.clone(),
-                sent,
+                sent: sent.correlation_id,
                 got,
             });
         }
@@ -112,4 +143,19 @@ impl Connection {
             source,
         })
     }
+
+    fn io(&self, source: std::io::Error) -> KafkaError {
+        KafkaError::Io {
+            broker: self.broker.clone(),
+            source: Arc::new(source),
+        }
+    }
+}
+
+/// A request sent whose response is not read yet: [`Connection::receive`] takes it.
+#[derive(Debug)]
+#[must_use = "the response must be received before the next one can be"]
+pub struct Sent<R> {
+    correlation_id: i32,
+    request: PhantomData<fn() -> R>,
 }

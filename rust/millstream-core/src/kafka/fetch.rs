@@ -51,6 +51,11 @@ impl FetchResponse {
     pub fn records(&self) -> &[u8] {
         &self.body[self.records.clone()]
     }
+
+    /// The response's bytes, for the next response to reuse their allocation.
+    pub fn into_body(self) -> Vec<u8> {
+        self.body
+    }
 }
 
 impl Request for FetchRequest {

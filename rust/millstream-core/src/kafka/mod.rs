@@ -1,12 +1,13 @@
 //! A Kafka reader in the core: Kafka's protocol spoken directly over TCP (no librdkafka),
 //! record batches decoded straight into Arrow columns, one thread per partition reader that
-//! keeps a fetch ahead of its caller. Plain connections only (no TLS, no SASL).
+//! reads ahead of its caller. Plain connections only (no TLS, no SASL).
 //!
 //! - [`wire`]: framing and primitive types; [`connection`]: one broker connection.
 //! - Requests, one file each: [`api_versions`], [`metadata`], [`list_offsets`], [`fetch`]
 //!   (v4: `read_committed`, aborted transactions).
 //! - [`record_batch`]: record batches (magic 2) into [`columns`], with [`codec`]'s codecs.
-//! - [`cluster`]: the partition's leader; [`partition_reader`]: the reader.
+//! - [`cluster`]: the partition's leader; [`partition_reader`]: the reader, and
+//!   [`read_ahead`]: what it has decoded and not handed over yet.
 
 pub mod api_versions;
 pub mod cluster;
@@ -18,6 +19,7 @@ pub mod fetch;
 pub mod list_offsets;
 pub mod metadata;
 pub mod partition_reader;
+pub mod read_ahead;
 pub mod record_batch;
 pub mod wire;
 

@@ -16,6 +16,10 @@ use super::wire::{Reader, WireResult};
 const HEADER_BYTES: usize = 61;
 /// Bytes of the batch header covered by the batch length (after offset and length).
 const LENGTH_PREFIX: usize = 12;
+/// Where a batch's last offset delta starts.
+const LAST_OFFSET_DELTA: usize = 23;
+/// Where a batch's record count starts.
+const RECORD_COUNT: usize = 57;
 const TIMESTAMP_LOG_APPEND: i16 = 0x08;
 const TRANSACTIONAL: i16 = 0x10;
 const CONTROL: i16 = 0x20;
@@ -51,6 +55,74 @@ pub struct Decoded {
     pub batches: usize,
 }
 
+/// Where decoding `records` from `position` (stopping at `end`) will get to, read from the
+/// whole batches' lengths and last offset deltas alone (no CRC, no records): the same
+/// [`Decoded`] that [`decode_batches`] returns for them when they decode, and the number of
+/// records those batches hold. A reader sends its next fetch from there before it decodes.
+pub fn scan_batches(records: &[u8], position: i64, end: Option<i64>) -> (Decoded, usize) {
+    let end = end.unwrap_or(i64::MAX);
+    let mut next_offset = position;
+    let (mut batches, mut count) = (0usize, 0usize);
+    for batch in WholeBatches::new(records) {
+        let Ok((base, batch)) = batch else { break };
+        if next_offset >= end || batch.len() < HEADER_BYTES {
+            break;
+        }
+        batches += 1;
+        let last = base + i64::from(be_i32(&batch[LAST_OFFSET_DELTA..]));
+        if last >= next_offset {
+            next_offset = (last + 1).min(end);
+            count += usize::try_from(be_i32(&batch[RECORD_COUNT..])).unwrap_or(0);
+        }
+    }
+    let decoded = Decoded {
+        next_offset,
+        batches,
+    };
+    (decoded, count)
+}
+
+fn be_i32(bytes: &[u8]) -> i32 {
+    i32::from_be_bytes(bytes[..4].try_into().expect("4 bytes"))
+}
+
+/// The whole batches at the front of a Fetch response's records, each with its base offset;
+/// they end at the first batch the fetch size cut short. A negative length is an error
+/// (the base offset and the length).
+struct WholeBatches<'a> {
+    records: &'a [u8],
+    at: usize,
+}
+
+impl<'a> WholeBatches<'a> {
+    fn new(records: &'a [u8]) -> Self {
+        Self { records, at: 0 }
+    }
+}
+
+impl<'a> Iterator for WholeBatches<'a> {
+    type Item = Result<(i64, &'a [u8]), (i64, i32)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (records, at) = (self.records, self.at);
+        if at + LENGTH_PREFIX > records.len() {
+            return None;
+        }
+        let base = i64::from_be_bytes(records[at..at + 8].try_into().expect("8 bytes"));
+        let length = be_i32(&records[at + 8..]);
+        let Ok(bytes) = usize::try_from(length) else {
+            self.at = records.len();
+            return Some(Err((base, length)));
+        };
+        let stop = at + LENGTH_PREFIX + bytes;
+        if stop > records.len() {
+            return None; // cut short by the fetch size
+        }
+        self.at = stop;
+        Some(Ok((base, &records[at..stop])))
+    }
+}
+
 /// Decodes the record batches in `records` (a Fetch response's, its last batch possibly cut
 /// short) into `out`: the committed records at offsets in `[position, end)`.
 pub fn decode_batches(
@@ -65,19 +137,12 @@ pub fn decode_batches(
     let mut next_offset = position;
     let mut aborted = aborted.iter().peekable();
     let mut aborting: HashSet<i64> = HashSet::new();
-    let (mut at, mut batches) = (0usize, 0usize);
-    while at + LENGTH_PREFIX <= records.len() && next_offset < end {
-        let base = i64::from_be_bytes(records[at..at + 8].try_into().expect("8 bytes"));
-        let length = i32::from_be_bytes(records[at + 8..at + 12].try_into().expect("4 bytes"));
-        let Ok(length) = usize::try_from(length) else {
-            return Err(source.corrupt(base, format!("batch length {length}")));
-        };
-        let stop = at + LENGTH_PREFIX + length;
-        if stop > records.len() {
-            break; // cut short by the fetch size
-        }
-        let batch = &records[at..stop];
-        at = stop;
+    let mut batches = 0usize;
+    let mut whole = WholeBatches::new(records);
+    while next_offset < end {
+        let Some(batch) = whole.next() else { break };
+        let (base, batch) = batch
+            .map_err(|(base, length)| source.corrupt(base, format!("batch length {length}")))?;
         batches += 1;
         let header = BatchHeader::read(batch).map_err(|e| source.corrupt(base, e))?;
         let last = base + i64::from(header.last_offset_delta);

@@ -9,7 +9,7 @@ use super::codec::Codec;
 use super::columns::RecordColumns;
 use super::error::{KafkaError, KafkaResult};
 use super::fetch::AbortedTransaction;
-use super::record_batch::{decode_batches, BatchSource, Decoded};
+use super::record_batch::{decode_batches, scan_batches, BatchSource, Decoded};
 use super::test_batches::{TestBatch, TestRecord};
 
 const SOURCE: BatchSource<'static> = BatchSource {
@@ -25,7 +25,18 @@ fn decode(
 ) -> KafkaResult<(RecordBatch, Decoded)> {
     let mut columns = RecordColumns::new(SOURCE.partition);
     let decoded = decode_batches(SOURCE, records, aborted, position, end, &mut columns)?;
-    Ok((columns.finish(), decoded))
+    // A reader sends its next fetch from where the scan of the headers says decoding ends.
+    let (scanned, count) = scan_batches(records, position, end);
+    assert_eq!(
+        scanned, decoded,
+        "the scan of the batch headers and the decoding agree"
+    );
+    let batch = columns.finish();
+    assert!(
+        count >= batch.num_rows(),
+        "the scan counts every record decoded"
+    );
+    Ok((batch, decoded))
 }
 
 fn offsets(batch: &RecordBatch) -> Vec<i64> {
