@@ -29,6 +29,10 @@ The broker's share: every partition fetched whole by clients that only receive
 runs' CPU seconds (the runner's and every worker's) this bounds
 the Kafka job's rows/s on this machine whatever the reader does (:func:`print_broker_bound`).
 
+When the rows reach the mappers: every run's mappers write each ``map`` call's start and
+end (:mod:`bench.kafka_timeline`); the report gives, per source, when the first mapper and
+then every mapper got rows, when the last ``map`` ended and when the run ended.
+
 Where the time goes: each partition reader alone (``KafkaPartitionReader.read`` against
 ``ParquetLogReader.read``, reading every row in batches of ``Tuning().batch_rows``), the
 mapper's ``map`` alone on those batches, and a cProfile of the Kafka reader's loop.
@@ -67,6 +71,12 @@ import pyarrow.dataset as pads
 from bench.io_meter import ProcessTreeMeter
 from bench.kafka_broker_alone import serve_all
 from bench.kafka_mapper import VALUE_BYTES, KafkaPreAggregate
+from bench.kafka_timeline import (
+    TIMELINE_ENV,
+    TimedKafkaPreAggregate,
+    TimedPreAggregate,
+    summarize,
+)
 from bench.keyed_sum_stores import expected_sums, stored_sums
 from examples import keyed_sum
 
@@ -174,8 +184,10 @@ def run_job(
     """One drained run of the keyed sum: its wall time, the bytes written, the broker's CPU
     seconds and the job's (this process's and every worker's, the broker's left out)."""
     url = f"sqlite:///{work / f'state-{time.monotonic_ns()}.db'}"
+    timeline = work / f"timeline-{time.monotonic_ns()}.txt"
+    os.environ[TIMELINE_ENV] = str(timeline)
     processor = ms.Processor(
-        mapper=keyed_sum.PreAggregate if source == "parquet" else KafkaPreAggregate,
+        mapper=TimedPreAggregate if source == "parquet" else TimedKafkaPreAggregate,
         reducer=keyed_sum.SumIntoStore,
         input=make_input(),
         store=url,
@@ -185,9 +197,9 @@ def run_job(
     meter = ProcessTreeMeter([os.getpid(), broker_pid], 0.2)
     meter.start()
     broker_cpu = cpu_seconds(broker_pid)
-    job_cpu, started = tree_cpu_seconds(os.getpid(), broker_pid), time.monotonic()
+    job_cpu, started, at = tree_cpu_seconds(os.getpid(), broker_pid), time.monotonic(), time.time()
     ms.run_local(processor)
-    wall = time.monotonic() - started
+    wall, ended = time.monotonic() - started, time.time()
     job_cpu = tree_cpu_seconds(os.getpid(), broker_pid) - job_cpu
     broker_cpu = cpu_seconds(broker_pid) - broker_cpu
     report = meter.stop()
@@ -200,6 +212,7 @@ def run_job(
         "broker_write_bytes": broker,
         "broker_cpu_seconds": broker_cpu,
         "job_cpu_seconds": job_cpu,
+        "timeline": summarize(timeline, at, ended),
     }
 
 
@@ -443,6 +456,15 @@ def main() -> None:
     # Partition 0's reader alone, for every partition.
     parquet_read_cpu = alone["parquet"]["reader_cpu_seconds"] * keyed_sum.PARTITIONS
     print_broker_bound(runs["parquet"], parquet_read_cpu, served)
+    print("\nWhen the mappers got their rows, seconds after the run's start (medians):\n")
+    print("| source | first rows | every mapper has rows | last map ended | run ended |")
+    print("| --- | --- | --- | --- | --- |")
+    for source, rs in runs.items():
+        t = {k: statistics.median(r["timeline"][k] for r in rs) for k in rs[0]["timeline"]}
+        print(
+            f"| {source} | {t['first_rows']:.2f} | {t['every_mapper_has_rows']:.2f} "
+            f"| {t['last_map_ended']:.2f} | {t['run_ended']:.2f} |"
+        )
     print("\ncProfile of the Kafka reader reading partition 0:\n")
     print(profile)
     if args.json is not None:
