@@ -21,8 +21,14 @@ Run::
     .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20
     .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --commit-interval 0.02
 
+    .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --commit-interval 0.02 \
+        --delivery exactly_once
+
 The second commits each reader's rows at most every 20 ms, the interval the reducers of
 :mod:`bench.latency` keep at this rate: what the commit cadence alone costs on the store.
+The third also makes, per read with rows and per trim, the store transactions an
+exactly-once mapper makes (:mod:`bench.floor_mapper_records`): what exactly-once delivery
+costs on the store, before any shuffle.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from millstream.inputs import StoreQueue
 from millstream.state import StoreTransaction
 
 from bench import run_queue
+from bench.floor_mapper_records import MapperRecords
 from bench.fresh_store import empty_store
 from bench.latency_stats import summarize_latency
 from bench.queue_pipeline import read_key_sums
@@ -69,14 +76,18 @@ def _read_and_commit(
     out: Path,
     stop: Event,
     commit_interval: float = 0.0,
+    delivery: str = "at_least_once",
 ) -> None:
     """One partition's reader process: read, sum by key, commit; until the queue is sealed
     and read to its end (or ``stop``). Saves (append ns, rows, commit ns) per append.
 
     With a ``commit_interval``, the reads since the last commit are committed together, a
     commit at most every ``commit_interval`` from the start of the one before (as a
-    reducer's cadence counts it): the store alone at a shuffle's commit rate."""
+    reducer's cadence counts it): the store alone at a shuffle's commit rate. Exactly once,
+    each read with rows and each trim also make an exactly-once mapper's transactions
+    (:class:`MapperRecords`)."""
     queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
+    records = MapperRecords(url, partition) if delivery == "exactly_once" else None
     reader = queue.reader(partition)
     store = queue.store
     position, token = 0, b""
@@ -92,6 +103,8 @@ def _read_and_commit(
         batch = result.batch
         ended = result.end_of_input
         if batch is not None and batch.num_rows:
+            if records is not None:
+                records.plan(position, position + batch.num_rows)
             gathered.append(batch)
             position, token = position + batch.num_rows, result.continuation_token
         due = commit_interval - (time.monotonic() - last_commit)
@@ -116,6 +129,8 @@ def _read_and_commit(
         rows.append(counts)
         commits.append(np.full(stamps.size, committed, np.int64))
         if time.monotonic() - trimmed_at >= trim_period:
+            if records is not None:
+                records.persist(position, token)
             reader.trim(position, token)
             trimmed_at = time.monotonic()
     np.savez(
@@ -123,7 +138,10 @@ def _read_and_commit(
         append_ns=np.concatenate(appends or [np.zeros(0, np.int64)]),
         rows=np.concatenate(rows or [np.zeros(0, np.int64)]),
         commit_ns=np.concatenate(commits or [np.zeros(0, np.int64)]),
+        batches_planned=0 if records is None else records.batches,
     )
+    if records is not None:
+        records.close()
     queue.close()
 
 
@@ -139,10 +157,13 @@ def run(
     tick: float = 0.01,
     store: str | None = None,
     commit_interval: float = 0.0,
+    delivery: str = "at_least_once",
 ) -> dict[str, Any]:
     """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
     appended after the first ``warmup`` seconds, and the exactness check. A
-    ``commit_interval`` makes each reader commit at most that often (0: every read).
+    ``commit_interval`` makes each reader commit at most that often (0: every read);
+    ``delivery="exactly_once"`` makes it also record each batch and persist its state as
+    an exactly-once mapper does (:mod:`bench.floor_mapper_records`).
 
     ``store`` is a store URL to run on (``fdb://<cluster file>``, emptied first); by
     default an embedded SQLite file in a temporary folder."""
@@ -159,7 +180,7 @@ def run(
         readers = [
             ctx.Process(
                 target=_read_and_commit,
-                args=(url, partitions, p, trim_period, outs[p], stop, commit_interval),
+                args=(url, partitions, p, trim_period, outs[p], stop, commit_interval, delivery),
                 name=f"floor-reader-{p}",
                 daemon=True,
             )
@@ -214,6 +235,8 @@ def run(
         "spread": spread,
         "tick": tick,
         "commit_interval": commit_interval,
+        "delivery": delivery,
+        "batches_planned": int(sum(p["batches_planned"] for p in parts)),
         "latency": latency,
         "producer_append_p99_ms": step["append"].get("p99_ms", float("nan")),
         "rows_appended": produced.rows,
@@ -245,6 +268,13 @@ def main(argv: list[str] | None = None) -> None:
         help="commit the reads of this many seconds together (0: every read), as a "
         "reducer's cadence does: the store alone at a shuffle's commit rate",
     )
+    parser.add_argument(
+        "--delivery",
+        choices=["at_least_once", "exactly_once"],
+        default="at_least_once",
+        help="exactly_once: each read with rows also records its batch, and each trim "
+        "persists the reader's state, in the store transactions an exactly-once mapper makes",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument(
         "--store", default=None, metavar="URL", help="fdb://<cluster file> (emptied first)"
@@ -266,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
             tick=args.tick,
             store=args.store,
             commit_interval=args.commit_interval,
+            delivery=args.delivery,
         )
         lat = r["latency"]
         figures = " | ".join(f"{lat[q] * 1000:.1f}" for q in ("p50", "p90", "p99", "p99.9", "max"))
