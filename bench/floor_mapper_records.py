@@ -14,6 +14,7 @@ claims check), or what only at-least-once does (the numbering owner).
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from millstream.ledger import (
@@ -36,15 +37,26 @@ class MapperRecords:
     Args:
         url: The store's URL.
         partition: The partition (the mapper's index in :mod:`bench.latency`).
+        synchronous: ``"normal"``: commit the records without an fsync of their own (the
+            embedded store only; a what-if: the next fsync'd commit in the store's log makes
+            them durable, and every reducer commit of their rows comes after them).
     """
 
-    def __init__(self, url: str, partition: int) -> None:
+    def __init__(self, url: str, partition: int, *, synchronous: str = "full") -> None:
+        if synchronous != "full":
+            if not url.startswith("sqlite:"):
+                raise ValueError(
+                    f"synchronous={synchronous!r} is a setting of the embedded store only; "
+                    f"{url!r} is not a sqlite:// URL"
+                )
+            url += ("&" if "?" in url else "?") + f"synchronous={synchronous}"
         self.store = open_store(url, prefix=processor_prefix(PROCESSOR_NAME))
         self.partition = partition
         self.guid = uuid.uuid4().hex
         with self.store.read() as txn:
             self.persisted = read_mapper_state(txn, partition)
-        self.batches = 0
+        self.plan_seconds: list[float] = []
+        """How long each batch's record took: what its rows waited for."""
 
     def _verify(self, txn: StoreTransaction) -> None:
         check_mapper_state(txn, self.partition, self.guid, self.persisted, at_least_once=False)
@@ -56,13 +68,14 @@ class MapperRecords:
         Raises:
             RuntimeError: Another end was recorded for ``begin`` (a second reader).
         """
+        started = time.perf_counter()
         recorded = record_batch_plan(self.store, self.partition, begin, end, self._verify)
+        self.plan_seconds.append(time.perf_counter() - started)
         if recorded != end:
             raise RuntimeError(
                 f"partition {self.partition}: the batch at {begin} was recorded to end at "
                 f"{recorded}, not {end}; is another floor reader running on this store?"
             )
-        self.batches += 1
 
     def persist(self, position: int, token: bytes) -> None:
         """Persist the state at ``position`` (every row before it committed) and clear the

@@ -25,5 +25,6 @@ def test_a_short_run_is_exact_and_measures_every_steady_row(
     assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
     if delivery == "exactly_once":
         assert result["batches_planned"] > 0  # every read with rows recorded its batch
+        assert 0 < result["plan_ms"]["p50"] <= result["plan_ms"]["p99"]
     else:
         assert result["batches_planned"] == 0
