@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     print(
         "| rows/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | producer append p99 ms "
-        "| batch record p50 / p99 ms | exact |"
+        "| batch records: count, p50 / p99 ms | exact |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     failed = False
@@ -334,7 +334,11 @@ def main(argv: list[str] | None = None) -> None:
         lat = r["latency"]
         figures = " | ".join(f"{lat[q] * 1000:.1f}" for q in ("p50", "p90", "p99", "p99.9", "max"))
         plan = r["plan_ms"]
-        record = f"{plan['p50']:.1f} / {plan['p99']:.1f}" if r["batches_planned"] else "-"
+        record = (
+            f"{r['batches_planned']:,}, {plan['p50']:.1f} / {plan['p99']:.1f}"
+            if r["batches_planned"]
+            else "-"
+        )
         print(
             f"| {args.rate:,.0f} | {figures} | {r['producer_append_p99_ms']:.1f} | {record} | "
             f"{'yes' if r['exact'] else 'NO'} |",
