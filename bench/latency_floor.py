@@ -21,8 +21,14 @@ Run::
     .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20
     .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --commit-interval 0.02
 
+    .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --commit-interval 0.02 \
+        --delivery exactly_once
+
 The second commits each reader's rows at most every 20 ms, the interval the reducers of
 :mod:`bench.latency` keep at this rate: what the commit cadence alone costs on the store.
+The third also makes, per read with rows and per trim, the store transactions an
+exactly-once mapper makes (:mod:`bench.floor_mapper_records`): what exactly-once delivery
+costs on the store, before any shuffle.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from millstream.inputs import StoreQueue
 from millstream.state import StoreTransaction
 
 from bench import run_queue
+from bench.floor_mapper_records import MapperRecords
 from bench.fresh_store import empty_store
 from bench.latency_stats import summarize_latency
 from bench.queue_pipeline import read_key_sums
@@ -69,14 +76,23 @@ def _read_and_commit(
     out: Path,
     stop: Event,
     commit_interval: float = 0.0,
+    delivery: str = "at_least_once",
+    records_synchronous: str = "full",
 ) -> None:
     """One partition's reader process: read, sum by key, commit; until the queue is sealed
     and read to its end (or ``stop``). Saves (append ns, rows, commit ns) per append.
 
     With a ``commit_interval``, the reads since the last commit are committed together, a
     commit at most every ``commit_interval`` from the start of the one before (as a
-    reducer's cadence counts it): the store alone at a shuffle's commit rate."""
+    reducer's cadence counts it): the store alone at a shuffle's commit rate. Exactly once,
+    each read with rows and each trim also make an exactly-once mapper's transactions
+    (:class:`MapperRecords`)."""
     queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
+    records = (
+        MapperRecords(url, partition, synchronous=records_synchronous)
+        if delivery == "exactly_once"
+        else None
+    )
     reader = queue.reader(partition)
     store = queue.store
     position, token = 0, b""
@@ -92,6 +108,8 @@ def _read_and_commit(
         batch = result.batch
         ended = result.end_of_input
         if batch is not None and batch.num_rows:
+            if records is not None:
+                records.plan(position, position + batch.num_rows)
             gathered.append(batch)
             position, token = position + batch.num_rows, result.continuation_token
         due = commit_interval - (time.monotonic() - last_commit)
@@ -116,6 +134,8 @@ def _read_and_commit(
         rows.append(counts)
         commits.append(np.full(stamps.size, committed, np.int64))
         if time.monotonic() - trimmed_at >= trim_period:
+            if records is not None:
+                records.persist(position, token)
             reader.trim(position, token)
             trimmed_at = time.monotonic()
     np.savez(
@@ -123,7 +143,10 @@ def _read_and_commit(
         append_ns=np.concatenate(appends or [np.zeros(0, np.int64)]),
         rows=np.concatenate(rows or [np.zeros(0, np.int64)]),
         commit_ns=np.concatenate(commits or [np.zeros(0, np.int64)]),
+        plan_seconds=np.array([] if records is None else records.plan_seconds, np.float64),
     )
+    if records is not None:
+        records.close()
     queue.close()
 
 
@@ -139,10 +162,15 @@ def run(
     tick: float = 0.01,
     store: str | None = None,
     commit_interval: float = 0.0,
+    delivery: str = "at_least_once",
+    records_synchronous: str = "full",
 ) -> dict[str, Any]:
     """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
     appended after the first ``warmup`` seconds, and the exactness check. A
-    ``commit_interval`` makes each reader commit at most that often (0: every read).
+    ``commit_interval`` makes each reader commit at most that often (0: every read);
+    ``delivery="exactly_once"`` makes it also record each batch and persist its state as
+    an exactly-once mapper does (:mod:`bench.floor_mapper_records`), with
+    ``records_synchronous="normal"`` committed without an fsync of their own.
 
     ``store`` is a store URL to run on (``fdb://<cluster file>``, emptied first); by
     default an embedded SQLite file in a temporary folder."""
@@ -159,7 +187,17 @@ def run(
         readers = [
             ctx.Process(
                 target=_read_and_commit,
-                args=(url, partitions, p, trim_period, outs[p], stop, commit_interval),
+                args=(
+                    url,
+                    partitions,
+                    p,
+                    trim_period,
+                    outs[p],
+                    stop,
+                    commit_interval,
+                    delivery,
+                    records_synchronous,
+                ),
                 name=f"floor-reader-{p}",
                 daemon=True,
             )
@@ -195,6 +233,7 @@ def run(
         append_ns = np.concatenate([p["append_ns"] for p in parts])
         rows = np.concatenate([p["rows"] for p in parts])
         commit_ns = np.concatenate([p["commit_ns"] for p in parts])
+        plan_seconds = np.concatenate([p["plan_seconds"] for p in parts])
         step = produced.steps[0]
         steady = (append_ns >= (step["start"] + warmup) * 1e9) & (append_ns <= step["end"] * 1e9)
         latency = summarize_latency((commit_ns - append_ns)[steady] / 1e9, rows[steady])
@@ -214,6 +253,13 @@ def run(
         "spread": spread,
         "tick": tick,
         "commit_interval": commit_interval,
+        "delivery": delivery,
+        "records_synchronous": records_synchronous,
+        "batches_planned": plan_seconds.size,
+        "plan_ms": {
+            q: float(np.percentile(plan_seconds, pct)) * 1000 if plan_seconds.size else 0.0
+            for q, pct in (("p50", 50), ("p99", 99), ("max", 100))
+        },
         "latency": latency,
         "producer_append_p99_ms": step["append"].get("p99_ms", float("nan")),
         "rows_appended": produced.rows,
@@ -245,15 +291,31 @@ def main(argv: list[str] | None = None) -> None:
         help="commit the reads of this many seconds together (0: every read), as a "
         "reducer's cadence does: the store alone at a shuffle's commit rate",
     )
+    parser.add_argument(
+        "--delivery",
+        choices=["at_least_once", "exactly_once"],
+        default="at_least_once",
+        help="exactly_once: each read with rows also records its batch, and each trim "
+        "persists the reader's state, in the store transactions an exactly-once mapper makes",
+    )
+    parser.add_argument(
+        "--what-if-records-synchronous",
+        choices=["full", "normal"],
+        default="full",
+        dest="records_synchronous",
+        help="exactly once, on the embedded store: normal commits the mapper's records "
+        "without an fsync of their own (a what-if, not what the mapper does)",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument(
         "--store", default=None, metavar="URL", help="fdb://<cluster file> (emptied first)"
     )
     args = parser.parse_args(argv)
     print(
-        "| rows/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | producer append p99 ms | exact |"
+        "| rows/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | producer append p99 ms "
+        "| batch records: count, p50 / p99 ms | exact |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     failed = False
     for _ in range(args.runs):
         r = run(
@@ -266,11 +328,19 @@ def main(argv: list[str] | None = None) -> None:
             tick=args.tick,
             store=args.store,
             commit_interval=args.commit_interval,
+            delivery=args.delivery,
+            records_synchronous=args.records_synchronous,
         )
         lat = r["latency"]
         figures = " | ".join(f"{lat[q] * 1000:.1f}" for q in ("p50", "p90", "p99", "p99.9", "max"))
+        plan = r["plan_ms"]
+        record = (
+            f"{r['batches_planned']:,}, {plan['p50']:.1f} / {plan['p99']:.1f}"
+            if r["batches_planned"]
+            else "-"
+        )
         print(
-            f"| {args.rate:,.0f} | {figures} | {r['producer_append_p99_ms']:.1f} | "
+            f"| {args.rate:,.0f} | {figures} | {r['producer_append_p99_ms']:.1f} | {record} | "
             f"{'yes' if r['exact'] else 'NO'} |",
             flush=True,
         )

@@ -7,11 +7,24 @@ import pytest
 from bench.latency_floor import run
 
 
-@pytest.mark.parametrize("commit_interval", [0.0, 0.02], ids=["every read", "a cadence"])
-def test_a_short_run_is_exact_and_measures_every_steady_row(commit_interval: float) -> None:
-    result = run(2_000, 2.0, warmup=0.5, keys=1_000, commit_interval=commit_interval)
+@pytest.mark.parametrize(
+    ("commit_interval", "delivery"),
+    [(0.0, "at_least_once"), (0.02, "at_least_once"), (0.02, "exactly_once")],
+    ids=["every read", "a cadence", "a cadence, exactly once"],
+)
+def test_a_short_run_is_exact_and_measures_every_steady_row(
+    commit_interval: float, delivery: str
+) -> None:
+    result = run(
+        2_000, 2.0, warmup=0.5, keys=1_000, commit_interval=commit_interval, delivery=delivery
+    )
     assert result["exact"], result
     assert result["rows_committed"] == result["rows_appended"] > 0
     latency = result["latency"]
     assert 0 < latency["rows"] < result["rows_appended"]  # the warm-up is left out
     assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    if delivery == "exactly_once":
+        assert result["batches_planned"] > 0  # every read with rows recorded its batch
+        assert 0 < result["plan_ms"]["p50"] <= result["plan_ms"]["p99"]
+    else:
+        assert result["batches_planned"] == 0

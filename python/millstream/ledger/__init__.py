@@ -33,6 +33,7 @@ from millstream.ledger.discovery import (
 )
 from millstream.ledger.mapper import (
     MapperState,
+    clear_batch_plans,
     drained_key,
     mapped_key,
     mapper_state_key,
@@ -81,6 +82,7 @@ __all__ = [
     "RunSummary",
     "WorkerInfo",
     "check_processor_info",
+    "clear_batch_plans",
     "drained_key",
     "drained_marker_key",
     "freshest_workers",

@@ -84,6 +84,12 @@ def plan_key(mapper_index: int, begin_row_index: int) -> tuple[str, str, int, in
     return (*SYSTEM, "plan", mapper_index, begin_row_index)
 
 
+def clear_batch_plans(txn: StoreTransaction, mapper_index: int, below_row_index: int) -> None:
+    """Clear mapper ``mapper_index``'s batch plans of the batches that start below input row
+    ``below_row_index``: persisted past, they are never read again."""
+    txn.clear_range(plan_key(mapper_index, 0), plan_key(mapper_index, below_row_index))
+
+
 def numbering_key(mapper_index: int) -> tuple[str, str, int]:
     """Key naming the mapper instance whose shuffle numbering counts (at-least-once only).
 

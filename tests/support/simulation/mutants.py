@@ -17,7 +17,6 @@ from millstream.inputs.base import ReadResult
 from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import (
     ReducerState,
-    plan_key,
     read_mapper_state,
     read_reducer_state,
     reducer_state_key,
@@ -29,6 +28,7 @@ from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import GetRowsCall
 from millstream.state import StoreTransaction, pack, unpack
 from millstream.workers import MapperWorker, ReducerWorker
+from millstream.workers.mapper_worker.ingest import record_batch_plan
 from millstream.workers.reducer_worker import commit as reducer_commit
 from millstream.workers.reducer_worker import spill_reads as reducer_spill_reads
 from millstream.workers.reducer_worker.pending_queue import PendingQueue
@@ -108,21 +108,7 @@ def _plan_without_state_check(self: MapperWorker, begin: int, end: int) -> int:
     clear the records there between this instance's split-brain check and its record, so
     it records a new cut below the other's trim point.
     """
-    key = plan_key(self.index, begin)
-    for _ in range(10):
-        txn = self.store.create_transaction()
-        try:
-            raw = txn.get(key)
-            if raw is not None:
-                return int(unpack(raw)[0])
-            txn.set(key, pack((end,)))
-            txn.commit()
-            return end
-        except StoreConflictError:
-            continue
-        finally:
-            txn.reset()
-    raise StoreConflictError(f"mapper {self.index}: could not record the batch at {begin}")
+    return record_batch_plan(self.store, self.index, begin, end, verify=lambda txn: None)
 
 
 # -- ambiguous commits --------------------------------------------------------------

@@ -6,6 +6,7 @@ which the mapped rows are unified into (:mod:`millstream.schema_unification`).""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -38,7 +39,7 @@ from millstream.ledger import (
 from millstream.ledger.spill import spilled_through
 from millstream.rpc.calls import max_payload_bytes
 from millstream.schema_unification import concat, conform, unify
-from millstream.state import StoreTransaction, pack, unpack
+from millstream.state import Store, StoreTransaction, pack, unpack
 from millstream.workers.mapper_worker.map_dead_letters import MapDeadLetters
 
 
@@ -304,22 +305,7 @@ class Ingestion(MapDeadLetters):
         """
         if self.processor.at_least_once:
             return end
-        key = plan_key(self.index, begin)
-        for _ in range(10):
-            txn = self.store.create_transaction()
-            try:
-                self._verify_persisted(txn)
-                raw = txn.get(key)
-                if raw is not None:
-                    return int(unpack(raw)[0])
-                txn.set(key, pack((end,)))
-                txn.commit()
-                return end
-            except StoreConflictError:
-                continue
-            finally:
-                txn.reset()
-        raise StoreConflictError(f"mapper {self.index}: could not record the batch at {begin}")
+        return record_batch_plan(self.store, self.index, begin, end, self._verify_persisted)
 
     def _read_cut(self, begin: int, end: int) -> ReadResult:
         """Read input rows ``[begin, end)``: a batch whose end an earlier instance recorded.
@@ -389,6 +375,42 @@ class Ingestion(MapDeadLetters):
             return
         begin = self._require_window().snapshot().input_end_row_index
         self.clock.wait(lambda seconds: reader.wait_for_rows(begin, seconds), idle.next(), stop)
+
+
+def record_batch_plan(
+    store: Store,
+    mapper_index: int,
+    begin: int,
+    end: int,
+    verify: Callable[[StoreTransaction], None],
+) -> int:
+    """The transaction of :meth:`Ingestion.plan_batch`: read the end recorded for mapper
+    ``mapper_index``'s batch at input row ``begin``, or record ``end`` and commit, with
+    ``verify`` (the persisted-state check) run first in the same transaction.
+
+    Returns:
+        ``end``, or the end recorded first.
+
+    Raises:
+        SplitBrainError: ``verify`` found another instance's state.
+        StoreConflictError: Ten attempts in a row conflicted.
+    """
+    key = plan_key(mapper_index, begin)
+    for _ in range(10):
+        txn = store.create_transaction()
+        try:
+            verify(txn)
+            raw = txn.get(key)
+            if raw is not None:
+                return int(unpack(raw)[0])
+            txn.set(key, pack((end,)))
+            txn.commit()
+            return end
+        except StoreConflictError:
+            continue
+        finally:
+            txn.reset()
+    raise StoreConflictError(f"mapper {mapper_index}: could not record the batch at {begin}")
 
 
 _EMPTY = pa.RecordBatch.from_arrays([], names=[])

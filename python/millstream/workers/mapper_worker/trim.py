@@ -14,8 +14,8 @@ from __future__ import annotations
 from millstream.exceptions import CommitUnknownResultError
 from millstream.ledger import (
     MapperState,
+    clear_batch_plans,
     mapped_key,
-    plan_key,
     read_mapper_state,
     write_mapper_state,
 )
@@ -60,7 +60,7 @@ class InputTrim(MapperInstance):
                 return False
             local = MapperState(input_index, shuffle_index, token, self.persisted.version)
             written = write_mapper_state(txn, self.index, local)
-            txn.clear_range(plan_key(self.index, 0), plan_key(self.index, input_index))
+            clear_batch_plans(txn, self.index, input_index)
             if self._batches_unpersisted:
                 txn.add(mapped_key(self.index, "batches"), self._batches_unpersisted)
             txn.commit()
