@@ -216,21 +216,29 @@ def run_job(
     }
 
 
+def _process_stats() -> dict[int, list[str]]:
+    """Every process's ``/proc/<pid>/stat`` fields from the third (state) on, by pid."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stats[int(entry)] = (
+                    Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                )
+            except OSError:
+                continue  # ended meanwhile
+    return stats
+
+
 def tree_cpu_seconds(root: int, leave_out: int) -> float:
     """CPU seconds of process ``root`` and every process under it but ``leave_out``'s tree,
-    and of the children each has reaped (``/proc/<pid>/stat``: utime, stime, cutime,
-    cstime): a worker that ended during a run counts in its parent's reaped children."""
+    and of the children each has reaped (utime, stime, cutime, cstime): a worker that ended
+    during a run counts in its parent's reaped children."""
     children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        ticks[int(entry)] = sum(int(f) for f in fields[11:15])
+    for pid, fields in _process_stats().items():
+        children.setdefault(int(fields[1]), []).append(pid)
+        ticks[pid] = sum(int(f) for f in fields[11:15])
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
@@ -243,16 +251,11 @@ def tree_cpu_seconds(root: int, leave_out: int) -> float:
 def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of process ``pid`` and its children (the broker's
     launcher and the broker)."""
-    ticks = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry) == pid or int(fields[1]) == pid:
-            ticks += int(fields[11]) + int(fields[12])
+    ticks = sum(
+        int(fields[11]) + int(fields[12])
+        for child, fields in _process_stats().items()
+        if pid in (child, int(fields[1]))
+    )
     return ticks / os.sysconf("SC_CLK_TCK")
 
 

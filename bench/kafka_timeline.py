@@ -20,24 +20,22 @@ TIMELINE_ENV = "MILLSTREAM_BENCH_TIMELINE"
 """The file ``map`` calls are written to (one line each: start, end, rows, pid)."""
 
 
-class TimedKafkaPreAggregate(KafkaPreAggregate):
+class TimedMap(ms.Mapper):
+    """A mapper mixin that writes each ``map`` call of the mapper after it down."""
+
+    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
+        started = time.time()
+        mapped = super().map(batch)
+        _write(started, batch.num_rows)
+        return mapped
+
+
+class TimedKafkaPreAggregate(TimedMap, KafkaPreAggregate):
     """:class:`~bench.kafka_mapper.KafkaPreAggregate`, each ``map`` written down."""
 
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        started = time.time()
-        mapped = super().map(batch)
-        _write(started, batch.num_rows)
-        return mapped
 
-
-class TimedPreAggregate(PreAggregate):
+class TimedPreAggregate(TimedMap, PreAggregate):
     """:class:`~examples.keyed_sum.PreAggregate`, each ``map`` written down."""
-
-    def map(self, batch: pa.RecordBatch) -> ms.Partitioned:
-        started = time.time()
-        mapped = super().map(batch)
-        _write(started, batch.num_rows)
-        return mapped
 
 
 def _write(started: float, rows: int) -> None:
