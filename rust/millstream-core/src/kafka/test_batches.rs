@@ -1,7 +1,22 @@
 //! Record batches (magic 2) built as producers build them, for the decoder's tests.
 
+use arrow_array::cast::AsArray;
+use arrow_array::RecordBatch;
+
 use super::codec::{tests::compress, Codec};
 use super::wire::Writer;
+
+/// The header names and values of row `row` of a decoded batch (its headers not null).
+pub fn header_pairs(batch: &RecordBatch, row: usize) -> (Vec<String>, Vec<Option<Vec<u8>>>) {
+    let pairs = batch.column(3).as_list::<i32>().value(row);
+    let pairs = pairs.as_struct();
+    let names = pairs.column(0).as_string::<i32>();
+    let values = pairs.column(1).as_binary::<i32>();
+    (
+        names.iter().flatten().map(str::to_string).collect(),
+        values.iter().map(|v| v.map(<[u8]>::to_vec)).collect(),
+    )
+}
 
 /// One record of a test batch.
 #[derive(Debug, Clone, Default)]
