@@ -53,9 +53,12 @@ class CoreReader:
     def _where(self) -> str:
         return f"topic {self._settings.topic!r} partition {self._settings.partition}"
 
-    def read(self, offset: int, max_rows: int, wait_seconds: float) -> pa.RecordBatch | None:
+    def read(
+        self, offset: int, max_rows: int, wait_seconds: float
+    ) -> tuple[pa.RecordBatch | None, int]:
         """Up to ``max_rows`` records from ``offset`` on (every record column, the value
-        raw), waiting up to ``wait_seconds`` for the first; ``None`` when none came.
+        raw), waiting up to ``wait_seconds`` for the first (``None`` when none came), and
+        the offset after them (or past which the reader looked).
 
         Raises:
             KafkaOffsetOutOfRangeError: ``offset`` is outside the partition's log.
@@ -65,11 +68,7 @@ class CoreReader:
             self._reader = self._start(offset)
         records = self._reader.read(max_rows, wait_seconds)
         self._report_retrying(self._reader)
-        return records
-
-    def position(self) -> int | None:
-        """The offset of the next record :meth:`read` returns (``None``: not started)."""
-        return None if self._reader is None else self._reader.position()
+        return records, self._reader.position()
 
     def wait(self, timeout_seconds: float) -> None:
         """Wait up to ``timeout_seconds`` for a record after the position (returns at once

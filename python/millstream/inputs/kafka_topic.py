@@ -460,14 +460,12 @@ class KafkaPartitionReader:
         if self._finished(offset):
             return ReadResult(None, _encode_token(offset), True)
         try:
-            records = native.read(offset, want, FETCH_WAIT_SECONDS)
+            records, cursor = native.read(offset, want, FETCH_WAIT_SECONDS)
         except KafkaOffsetOutOfRangeError as exc:
             _, wanted, low, high = exc.args
             raise self._out_of_range(wanted, low, high) from exc
         except KafkaReadError as exc:
             raise InputError(f"{self._where()}: {exc}") from exc
-        cursor = native.position()
-        assert cursor is not None
         token, ended = _encode_token(cursor), self._finished(cursor)
         if records is None:
             return ReadResult(None, token, ended)
