@@ -55,14 +55,19 @@ def _stat(pid: int | str) -> list[str]:
 
 
 def process_started(pid: int | str = "self") -> float:
-    """When process ``pid`` started (wall seconds, to the kernel's clock tick)."""
+    """When process ``pid`` started (wall seconds, to the kernel's clock tick).
+
+    The boot time comes from ``/proc/uptime`` (hundredths of a second), not from
+    ``/proc/stat``'s ``btime``, which is whole seconds: a start time built on ``btime`` is
+    early by up to a second, the same for every process of one boot."""
     ticks = int(_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22
-    boot = next(
-        int(line.split()[1])
-        for line in Path("/proc/stat").read_text().splitlines()
-        if line.startswith("btime ")
-    )
-    return boot + ticks
+    return boot_time() + ticks
+
+
+def boot_time() -> float:
+    """When this machine booted (wall seconds, to the hundredth)."""
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - uptime
 
 
 def process_cpu(pid: int | str = "self") -> float:
