@@ -2,13 +2,16 @@
 
 millstream's mappers and reducers are separate processes, and a row reaches its reducer's
 commit through a gRPC call (DESIGN: rows move through memory and gRPC). The floor's
-readers commit their own reads; with ``--hop`` they instead send each read's per-key sums,
-its row count, its end position and its rows' append stamps in one gRPC call to a
-committer process, which commits them in one transaction per call, in the order the calls
-come, one at a time (as one reducer's loop commits), and answers after the commit. A
-reader trims its partition only after its call was answered (after the commit, as a
-mapper trims after the reducers' commits). What is measured is the floor's path plus the
-hop: one more process on the cores, a gRPC call, and one committer for both readers.
+readers commit their own reads; with ``--committers N`` they instead split each read's rows
+among N committer processes by key, and send each committer, in one gRPC call, the
+per-key sums of its rows, their count, the read's end position and their append stamps.
+A committer commits each call in one transaction, one at a time in the order the calls
+come (as a reducer's loop commits each mapper's answer as it comes), and answers after
+the commit. A reader trims its partition only after every call was answered (after the
+commits, as a mapper trims after the reducers' commits). What is measured is the floor's
+path plus the hop: N more processes on the cores, a gRPC call, and N writers of the store
+committing each reader's rows (with two readers, twice the commits of the readers'
+own for N = 2, as reducers committing each mapper's answer make).
 
 The payload is a pickle of the sums' Arrow IPC stream and two int64 arrays: no protobuf,
 no window, no rounds, no bookkeeping. The committer saves (append ns, rows, commit ns) per
@@ -44,27 +47,35 @@ def _ipc(table: pa.Table) -> bytes:
 
 
 class HopClient:
-    """A reader's end of the hop: one blocking call per read, answered after its commit."""
+    """A reader's end of the hop: each read's rows split among the committers by key, one
+    call to each committer with rows, all sent at once; returns when every one of them
+    has committed."""
 
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address)
-        self._call = self._channel.unary_unary(METHOD)
+    def __init__(self, addresses: list[str]) -> None:
+        self._channels = [grpc.insecure_channel(address) for address in addresses]
+        self._calls = [channel.unary_unary(METHOD) for channel in self._channels]
 
-    def commit(
-        self,
-        partition: int,
-        sums: pa.Table,
-        rows: int,
-        end: int,
-        stamps: np.ndarray,
-        counts: np.ndarray,
-    ) -> None:
-        """Send one read and wait until the committer has committed it."""
-        payload = pickle.dumps((partition, _ipc(sums), rows, end, stamps, counts), protocol=5)
-        self._call(payload, timeout=60.0)
+    def commit(self, partition: int, table: pa.Table, end: int) -> None:
+        """Send the rows of one read (``key``, ``value``, ``append_ns``), ending at ``end``
+        of ``partition``; wait until each committer that got rows has committed them."""
+        committer = table["key"].combine_chunks().to_numpy() % len(self._calls)
+        calls = []
+        for index, call in enumerate(self._calls):
+            rows = table.filter(pa.array(committer == index))
+            if not rows.num_rows:
+                continue
+            sums = rows.group_by("key", use_threads=False).aggregate([("value", "sum")])
+            stamps, counts = np.unique(
+                rows["append_ns"].combine_chunks().to_numpy(), return_counts=True
+            )
+            payload = (partition, _ipc(sums), rows.num_rows, end, stamps, counts)
+            calls.append(call.future(pickle.dumps(payload, protocol=5), timeout=60.0))
+        for future in calls:
+            future.result()
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
 
 def serve_commits(
