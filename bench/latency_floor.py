@@ -24,11 +24,16 @@ Run::
     .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --commit-interval 0.02 \
         --delivery exactly_once
 
+    .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --committers 1
+
 The second commits each reader's rows at most every 20 ms, the interval the reducers of
 :mod:`bench.latency` keep at this rate: what the commit cadence alone costs on the store.
 The third also makes, per read with rows and per trim, the store transactions an
 exactly-once mapper makes (:mod:`bench.floor_mapper_records`): what exactly-once delivery
-costs on the store, before any shuffle.
+costs on the store, before any shuffle. The fourth sends each read through one gRPC call to
+a committer process that commits it (:mod:`bench.floor_hop`): the floor plus the one hop
+between processes that any shuffle of mappers and reducers in separate processes has
+(``--committers 2``: the rows split between two, as between two reducers).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from millstream.inputs import StoreQueue
 from millstream.state import StoreTransaction
 
 from bench import run_queue
+from bench.floor_hop import HopClient, serve_commits
 from bench.floor_mapper_records import MapperRecords
 from bench.fresh_store import empty_store
 from bench.latency_stats import summarize_latency
@@ -78,6 +84,7 @@ def _read_and_commit(
     commit_interval: float = 0.0,
     delivery: str = "at_least_once",
     records_synchronous: str = "full",
+    committers: list[str] | None = None,
 ) -> None:
     """One partition's reader process: read, sum by key, commit; until the queue is sealed
     and read to its end (or ``stop``). Saves (append ns, rows, commit ns) per append.
@@ -86,7 +93,8 @@ def _read_and_commit(
     commit at most every ``commit_interval`` from the start of the one before (as a
     reducer's cadence counts it): the store alone at a shuffle's commit rate. Exactly once,
     each read with rows and each trim also make an exactly-once mapper's transactions
-    (:class:`MapperRecords`)."""
+    (:class:`MapperRecords`). With ``committers`` (their addresses), the commits are the
+    committers' (:mod:`bench.floor_hop`), which save the times instead."""
     queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
     records = (
         MapperRecords(url, partition, synchronous=records_synchronous)
@@ -95,6 +103,7 @@ def _read_and_commit(
     )
     reader = queue.reader(partition)
     store = queue.store
+    client = HopClient(committers) if committers else None
     position, token = 0, b""
     appends: list[np.ndarray] = []
     rows: list[np.ndarray] = []
@@ -119,20 +128,23 @@ def _read_and_commit(
             continue
         table = pa.Table.from_batches(gathered)
         gathered = []
-        sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
         last_commit = time.monotonic()
-        store.transact(
-            functools.partial(
-                _commit, partition=partition, sums=sums, rows=table.num_rows, end=position
+        if client is not None:
+            client.commit(partition, table, position)
+        else:
+            stamps, counts = np.unique(
+                table.column("append_ns").combine_chunks().to_numpy(), return_counts=True
             )
-        )
-        committed = time.time_ns()
-        stamps, counts = np.unique(
-            table.column("append_ns").combine_chunks().to_numpy(), return_counts=True
-        )
-        appends.append(stamps)
-        rows.append(counts)
-        commits.append(np.full(stamps.size, committed, np.int64))
+            sums = table.group_by("key", use_threads=False).aggregate([("value", "sum")])
+            store.transact(
+                functools.partial(
+                    _commit, partition=partition, sums=sums, rows=table.num_rows, end=position
+                )
+            )
+            committed = time.time_ns()
+            appends.append(stamps)
+            rows.append(counts)
+            commits.append(np.full(stamps.size, committed, np.int64))
         if time.monotonic() - trimmed_at >= trim_period:
             if records is not None:
                 records.persist(position, token)
@@ -147,6 +159,8 @@ def _read_and_commit(
     )
     if records is not None:
         records.close()
+    if client is not None:
+        client.close()
     queue.close()
 
 
@@ -164,13 +178,16 @@ def run(
     commit_interval: float = 0.0,
     delivery: str = "at_least_once",
     records_synchronous: str = "full",
+    committers: int = 0,
 ) -> dict[str, Any]:
     """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
     appended after the first ``warmup`` seconds, and the exactness check. A
     ``commit_interval`` makes each reader commit at most that often (0: every read);
     ``delivery="exactly_once"`` makes it also record each batch and persist its state as
     an exactly-once mapper does (:mod:`bench.floor_mapper_records`), with
-    ``records_synchronous="normal"`` committed without an fsync of their own.
+    ``records_synchronous="normal"`` committed without an fsync of their own. ``committers``
+    (0: none) split each read among that many committer processes that commit it
+    (:mod:`bench.floor_hop`).
 
     ``store`` is a store URL to run on (``fdb://<cluster file>``, emptied first); by
     default an embedded SQLite file in a temporary folder."""
@@ -184,6 +201,20 @@ def run(
         ctx = mp.get_context("forkserver")
         stop = ctx.Event()
         outs = [Path(tmp) / f"partition-{p}.npz" for p in range(partitions)]
+        committer_processes = []
+        addresses: list[str] = []
+        for index in range(committers):
+            outs.append(Path(tmp) / f"committer-{index}.npz")
+            ready, port = ctx.Pipe()
+            process = ctx.Process(
+                target=serve_commits,
+                args=(url, partitions, outs[-1], ready, stop, _commit),
+                name=f"floor-committer-{index}",
+                daemon=True,
+            )
+            process.start()
+            committer_processes.append(process)
+            addresses.append(f"127.0.0.1:{port.recv()}")
         readers = [
             ctx.Process(
                 target=_read_and_commit,
@@ -197,6 +228,7 @@ def run(
                     commit_interval,
                     delivery,
                     records_synchronous,
+                    addresses,
                 ),
                 name=f"floor-reader-{p}",
                 daemon=True,
@@ -211,6 +243,9 @@ def run(
         producer = ProducerHandle(url, partitions, plan)
         processes = {f"reader {p}": r.pid for p, r in enumerate(readers) if r.pid is not None}
         processes["producer"] = producer.process.pid
+        for index, process in enumerate(committer_processes):
+            if process.pid is not None:
+                processes[f"committer {index}"] = process.pid
         t0 = time.time()
         sched: list[tuple[float, dict[str, run_queue.Schedstat]]] = []
         try:
@@ -224,11 +259,16 @@ def run(
                 reader.join(120)
         finally:
             stop.set()
-            for reader in readers:
-                if reader.is_alive():
-                    reader.kill()
+            for process in committer_processes:
+                process.join(60)
+            for process in [*readers, *committer_processes]:
+                if process.is_alive():
+                    process.kill()
         if any(reader.exitcode != 0 for reader in readers):
             raise RuntimeError(f"a reader failed: exit codes {[r.exitcode for r in readers]}")
+        if any(process.exitcode != 0 for process in committer_processes):
+            codes = [process.exitcode for process in committer_processes]
+            raise RuntimeError(f"a committer failed: exit codes {codes}")
         parts = [np.load(out) for out in outs]
         append_ns = np.concatenate([p["append_ns"] for p in parts])
         rows = np.concatenate([p["rows"] for p in parts])
@@ -255,6 +295,7 @@ def run(
         "commit_interval": commit_interval,
         "delivery": delivery,
         "records_synchronous": records_synchronous,
+        "committers": committers,
         "batches_planned": plan_seconds.size,
         "plan_ms": {
             q: float(np.percentile(plan_seconds, pct)) * 1000 if plan_seconds.size else 0.0
@@ -306,6 +347,13 @@ def main(argv: list[str] | None = None) -> None:
         help="exactly once, on the embedded store: normal commits the mapper's records "
         "without an fsync of their own (a what-if, not what the mapper does)",
     )
+    parser.add_argument(
+        "--committers",
+        type=int,
+        default=0,
+        help="split each read by key among this many committer processes, one gRPC call "
+        "to each, that commit it (0: each reader commits its own reads)",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument(
         "--store", default=None, metavar="URL", help="fdb://<cluster file> (emptied first)"
@@ -330,6 +378,7 @@ def main(argv: list[str] | None = None) -> None:
             commit_interval=args.commit_interval,
             delivery=args.delivery,
             records_synchronous=args.records_synchronous,
+            committers=args.committers,
         )
         lat = r["latency"]
         figures = " | ".join(f"{lat[q] * 1000:.1f}" for q in ("p50", "p90", "p99", "p99.9", "max"))

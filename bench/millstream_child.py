@@ -56,16 +56,29 @@ def _run_on_spark(processor: Processor, settings: dict[str, Any]) -> RunSummary:
     ``spark.eventLog.dir``, ``spark.python.daemon.module``). The session's start and the
     call of :func:`millstream.spark.run` go to the benchmark's FIFO as events.
     """
-    import os
     import time
 
     import millstream.spark as mss
-    from pyspark.sql import SparkSession
 
     from bench.millstream_jobs import send
 
+    spark = local_session(processor.num_mappers + processor.num_reducers, settings)
+    send({"event": "session", "t": time.time()})
+    try:
+        return mss.run(spark, processor)
+    finally:
+        send({"event": "run returned", "t": time.time()})
+        spark.stop()
+
+
+def local_session(slots: int, settings: dict[str, Any]) -> Any:
+    """The benchmarks' local Spark session: ``local[slots]``, no UI, 1 GB of driver memory,
+    and ``settings["spark_conf"]``; its Python workers run this interpreter."""
+    import os
+
+    from pyspark.sql import SparkSession
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    slots = processor.num_mappers + processor.num_reducers
     builder = (
         SparkSession.builder.appName("millstream benchmark")
         .master(f"local[{slots}]")
@@ -74,13 +87,7 @@ def _run_on_spark(processor: Processor, settings: dict[str, Any]) -> RunSummary:
     )
     for key, value in settings.get("spark_conf", {}).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    send({"event": "session", "t": time.time()})
-    try:
-        return mss.run(spark, processor)
-    finally:
-        send({"event": "run returned", "t": time.time()})
-        spark.stop()
+    return builder.getOrCreate()
 
 
 if __name__ == "__main__":

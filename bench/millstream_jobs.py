@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench.counters import fold, names, per_row
+from bench.process_clock import process_cpu, process_started
 
 FIFO_ENV = "MILLSTREAM_BENCH_FIFO"
 NAME = "bench"
@@ -47,33 +48,6 @@ KEYSPACE = "stats"
 """Where the ``counters`` job keeps a key's counters: ``(KEYSPACE, key)`` when the reducers
 share one keyspace, ``(KEYSPACE, reducer index, key)`` when grouped."""
 SEPARATOR = "\n"
-
-
-def _stat(pid: int | str) -> list[str]:
-    """The fields of ``/proc/<pid>/stat`` from its third (state) on."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def process_started(pid: int | str = "self") -> float:
-    """When process ``pid`` started (wall seconds, to the kernel's clock tick).
-
-    The boot time comes from ``/proc/uptime`` (hundredths of a second), not from
-    ``/proc/stat``'s ``btime``, which is whole seconds: a start time built on ``btime`` is
-    early by up to a second, the same for every process of one boot."""
-    ticks = int(_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22
-    return boot_time() + ticks
-
-
-def boot_time() -> float:
-    """When this machine booted (wall seconds, to the hundredth)."""
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return time.time() - uptime
-
-
-def process_cpu(pid: int | str = "self") -> float:
-    """CPU seconds process ``pid`` has used (user and system, to the clock tick)."""
-    fields = _stat(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15
 
 
 def open_fifo() -> int:
@@ -344,13 +318,15 @@ def build_processor(
     ``settings``: ``num_reducers``, ``num_mappers`` (0, the default: one per partition),
     ``batch_rows`` and ``commit_interval_seconds`` (None:
     :class:`millstream.Tuning`'s default); for ``counters``, ``counters`` and ``layout``;
-    ``store``: a store URL (such as ``fdb://<cluster file>``) instead of SQLite in ``run_dir``.
+    ``store``: a store URL (such as ``fdb://<cluster file>``) instead of SQLite in ``run_dir``;
+    ``tuning``: more :class:`millstream.Tuning` fields and their values.
     """
     knobs = {
         name: settings[name]
         for name in ("batch_rows", "commit_interval_seconds")
         if settings.get(name) is not None
     }
+    knobs.update(settings.get("tuning", {}))
     mapper, reducer, columns = JOBS[kind]
     return ms.Processor(
         mapper=mapper,

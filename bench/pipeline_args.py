@@ -123,17 +123,22 @@ def tuning_value(text: str, default: Any) -> Any:
     return float(text) if isinstance(default, float) or default is None else text
 
 
-def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
-    """The worker knobs of a run."""
+def tuning_overrides(items: list[str]) -> dict[str, Any]:
+    """``--tuning NAME=VALUE`` items as :class:`millstream.Tuning` fields and values."""
     defaults = ms.Tuning()
     extra: dict[str, Any] = {}
-    for item in args.tuning:
+    for item in items:
         name, _, text = item.partition("=")
         if not hasattr(defaults, name):
             raise SystemExit(f"--tuning: Tuning has no field {name!r}")
         extra[name] = tuning_value(text, getattr(defaults, name))
+    return extra
+
+
+def tuning_from_args(args: argparse.Namespace) -> ms.Tuning:
+    """The worker knobs of a run."""
     return ms.Tuning(
-        **extra,
+        **tuning_overrides(args.tuning),
         commit_interval_seconds=args.commit_interval,
         commit_time_share=args.commit_time_share,
         batch_rows=args.batch_rows,

@@ -22,19 +22,26 @@ Run::
     .venv/bin/python -m bench.spark_start --daemon-module millstream.spark.daemon
     .venv/bin/python -m bench.spark_start --compare-local --rows 20000000 --repeat 3
 
-``--daemon-module`` sets ``spark.python.daemon.module`` for the session.
+``--daemon-module`` sets ``spark.python.daemon.module`` for the session. With ``--floor``,
+each run is preceded by one of the floor (:mod:`bench.spark_floor`: the simplest Python
+job's first commit, on the same session with PySpark's own daemon), and the two timelines
+are printed side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from bench.millstream_runner import RESULTS, MillstreamOptions, run_child
+from bench.millstream_runner import REPO, RESULTS, MillstreamOptions, run_child
+from bench.pipeline_args import tuning_overrides
 from bench.workload import add_spec_arguments, generate, spec_from_args
 
 STEPS = (
@@ -58,6 +65,17 @@ CPU_STEPS = (
 )
 """Not steps: what the daemon took (its imports), what a worker's process took to unpickle
 its task, import and open the store, and the whole run's CPU."""
+FLOOR_STEPS = {
+    "job submitted": "job submitted",
+    "first task launched": "first task launched",
+    "last task launched": "last task launched",
+    "PySpark daemon started": "PySpark daemon started",
+    "first Python worker forked": "first Python worker forked",
+    "last Python worker forked": "last Python worker forked",
+    "first task's function entered": "mappers constructed",
+    "first commit": "first reducer commit",
+}
+"""The floor's steps, each with the step of millstream's timeline it stands beside."""
 
 
 def spark_events(directory: Path) -> dict[str, float]:
@@ -107,15 +125,7 @@ def measure_start(args: argparse.Namespace, run: int, log: Any = print) -> dict[
     workload = generate(spec_from_args(args), args.data_root, verbose=False)
     run_dir = RESULTS / "spark_start" / f"run-{run}"
     events_dir = run_dir.parent / f"events-{run}"
-    if events_dir.exists():
-        shutil.rmtree(events_dir)
-    events_dir.mkdir(parents=True, exist_ok=True)
-    conf = {
-        "spark.eventLog.enabled": "true",
-        "spark.eventLog.dir": f"file://{events_dir}",
-        "spark.eventLog.compress": "false",
-        "spark.eventLog.rolling.enabled": "false",
-    }
+    conf = event_log_conf(events_dir)
     if args.daemon_module:
         conf["spark.python.daemon.module"] = args.daemon_module
     opts = MillstreamOptions(runner="spark", bookkeeping_run=False)
@@ -126,7 +136,7 @@ def measure_start(args: argparse.Namespace, run: int, log: Any = print) -> dict[
         run_dir,
         write_output=True,
         log=log,
-        extra={"spark_conf": conf},
+        extra={"spark_conf": conf, "tuning": tuning_overrides(args.tuning)},
     )
     steps = {**timeline(child.events, child.commits), **spark_events(events_dir)}
     zero = steps.pop("session")
@@ -141,6 +151,60 @@ def measure_start(args: argparse.Namespace, run: int, log: Any = print) -> dict[
     (run_dir.parent / f"timeline-{run}.json").write_text(
         json.dumps({"steps": result, "events": child.events, "commits": child.commits})
     )
+    return result
+
+
+def event_log_conf(events_dir: Path) -> dict[str, str]:
+    """Settings that make Spark write its event log, uncompressed, into ``events_dir``."""
+    if events_dir.exists():
+        shutil.rmtree(events_dir)
+    events_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": f"file://{events_dir}",
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.rolling.enabled": "false",
+    }
+
+
+def measure_floor(slots: int, run: int, log: Any = print) -> dict[str, float]:
+    """One run of the floor (:mod:`bench.spark_floor`), in seconds since the session was up."""
+    run_dir = RESULTS / "spark_start" / f"floor-{run}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    events_dir = run_dir / "events"
+    settings = {
+        "slots": slots,
+        "database": str(run_dir / "floor.db"),
+        "spark_conf": event_log_conf(events_dir),
+    }
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    out = run_dir / "floor.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench.spark_floor", str(out), json.dumps(settings)],
+        env=env,
+        cwd=str(REPO),
+        check=True,
+    )
+    floor = json.loads(out.read_text())
+    tasks = floor["tasks"]
+    zero = floor["session"]
+    steps = {
+        **spark_events(events_dir),
+        "PySpark daemon started": min(t["parent"] for t in tasks),
+        "first Python worker forked": min(t["forked"] for t in tasks),
+        "last Python worker forked": max(t["forked"] for t in tasks),
+        "first task's function entered": min(t["entered"] for t in tasks),
+        "first commit": min(t["committed"] for t in tasks),
+    }
+    result = {k: v - zero for k, v in steps.items()}
+    result[CPU_STEPS[0]] = statistics.median(t["parent_cpu"] for t in tasks)
+    result["CPU s of a worker from its fork to its commit (median)"] = statistics.median(
+        t["cpu"] for t in tasks
+    )
+    log(f"  floor run {run}: first commit {result['first commit']:.2f} s after the session")
     return result
 
 
@@ -192,17 +256,60 @@ def main() -> None:
     parser.add_argument(
         "--compare-local", action="store_true", help="rows/s once running against the local runner"
     )
+    parser.add_argument(
+        "--tuning",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Tuning field of the job, e.g. --tuning gather_seconds=0 (repeatable)",
+    )
+    parser.add_argument(
+        "--floor", action="store_true", help="the simplest Python job's start in turns with ours"
+    )
     args = parser.parse_args()
     if args.compare_local:
         compare_local(args)
         return
-    runs = [measure_start(args, run) for run in range(args.repeat)]
+    runs: list[dict[str, float]] = []
+    floors: list[dict[str, float]] = []
+    for run in range(args.repeat):
+        if args.floor:
+            slots = args.partitions + MillstreamOptions().num_reducers
+            floors.append(measure_floor(slots, run))
+        runs.append(measure_start(args, run))
     print(f"\n| step | seconds after the session was up (median of {len(runs)}) | runs |")
     print("|---|---|---|")
     for step in ("launch", *STEPS, *CPU_STEPS):
-        values = [r[step] for r in runs]
-        cells = ", ".join(f"{v:.2f}" for v in values)
-        print(f"| {step} | {statistics.median(values):.2f} | {cells} |")
+        print(f"| {step} | {_median_cells([r[step] for r in runs])} |")
+    if floors:
+        print_floor(floors, runs)
+
+
+def _median_cells(values: list[float]) -> str:
+    cells = ", ".join(f"{v:.2f}" for v in values)
+    return f"{statistics.median(values):.2f} | {cells}"
+
+
+def print_floor(floors: list[dict[str, float]], runs: list[dict[str, float]]) -> None:
+    """The floor's timeline beside millstream's, and each run's first commit over the
+    floor's of the same turn."""
+    print("\n| step of the floor | floor (median, runs) | millstream's step | millstream |")
+    print("|---|---|---|---|")
+    for step, ours in FLOOR_STEPS.items():
+        floor_cells = _median_cells([f[step] for f in floors]).replace(" | ", " (", 1) + ")"
+        ours_cells = _median_cells([r[ours] for r in runs]).replace(" | ", " (", 1) + ")"
+        print(f"| {step} | {floor_cells} | {ours} | {ours_cells} |")
+    for step in (CPU_STEPS[0], "CPU s of a worker from its fork to its commit (median)"):
+        print(
+            f"| {step} | {_median_cells([f[step] for f in floors]).replace(' | ', ' (', 1)}) | | |"
+        )
+    ratios = [
+        r["first reducer commit"] / f["first commit"] for f, r in zip(floors, runs, strict=True)
+    ]
+    print(
+        f"\nFirst commit, millstream over the floor, per turn: "
+        f"{', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -8,15 +8,33 @@ from bench.latency_floor import run
 
 
 @pytest.mark.parametrize(
-    ("commit_interval", "delivery"),
-    [(0.0, "at_least_once"), (0.02, "at_least_once"), (0.02, "exactly_once")],
-    ids=["every read", "a cadence", "a cadence, exactly once"],
+    ("commit_interval", "delivery", "committers"),
+    [
+        (0.0, "at_least_once", 0),
+        (0.02, "at_least_once", 0),
+        (0.02, "exactly_once", 0),
+        (0.0, "at_least_once", 1),
+        (0.0, "at_least_once", 2),
+    ],
+    ids=[
+        "every read",
+        "a cadence",
+        "a cadence, exactly once",
+        "one committer",
+        "two committers",
+    ],
 )
 def test_a_short_run_is_exact_and_measures_every_steady_row(
-    commit_interval: float, delivery: str
+    commit_interval: float, delivery: str, committers: int
 ) -> None:
     result = run(
-        2_000, 2.0, warmup=0.5, keys=1_000, commit_interval=commit_interval, delivery=delivery
+        2_000,
+        2.0,
+        warmup=0.5,
+        keys=1_000,
+        commit_interval=commit_interval,
+        delivery=delivery,
+        committers=committers,
     )
     assert result["exact"], result
     assert result["rows_committed"] == result["rows_appended"] > 0

@@ -1,4 +1,4 @@
-"""The workers' process clocks of the start timeline (:mod:`bench.millstream_jobs`)."""
+"""The process clocks of the start timelines (:mod:`bench.process_clock`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from bench.millstream_jobs import boot_time, process_started
+from bench.process_clock import boot_time, process_started
 
 TICK = 0.02
 """The kernel's clock tick, and the hundredth of /proc/uptime, with a margin."""

@@ -115,6 +115,9 @@ class InProcessTransport:
             (``Tuning.get_rows_max_bytes``); None: only the caller's.
     """
 
+    first_answer_at: float | None = None
+    """Not known here: a simulation's rounds count their cadence from their start."""
+
     def __init__(
         self,
         handlers: MutableMapping[str, RowsHandler] | None = None,

@@ -71,8 +71,10 @@ class Tuning:
             read or as mapped, and a mapper's first read at most 65,536 rows.
         memory_limit_bytes: Buffered bytes in a mapper's window above which it stops
             reading until reducers commit.
-        commit_interval_seconds: Minimum time between a reducer's commits, from the start
-            of a round that committed to the start of the next. Rows keep
+        commit_interval_seconds: Time between a reducer's commits, from the start of a
+            round that committed to the start of the next (from its first answer if the
+            round waited for rows; a tenth sooner if its rows were already waiting, so
+            that rounds keep in step with rows that arrive once an interval). Rows keep
             accumulating in the mappers' windows meanwhile and are fetched and committed in
             one transaction: a longer interval writes less per row (every commit rewrites
             the touched keys and syncs the log), a shorter one lowers latency.

@@ -111,6 +111,10 @@ class NotAnsweredYet(TimeoutError):
 class RowsClient(Protocol):
     """How a reducer calls its mappers; gRPC here, in-process in simulations."""
 
+    first_answer_at: float | None
+    """When the first answer the last :meth:`get_rows_many` took came (monotonic seconds),
+    or None (none taken, or a client that does not know)."""
+
     def get_rows_many(self, calls: Sequence[GetRowsCall]) -> list[GetRowsResult | BaseException]:
         """Run the calls concurrently; each slot holds the result or the error
         (:class:`NotAnsweredYet` for a call still under way)."""

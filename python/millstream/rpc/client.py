@@ -122,6 +122,11 @@ class GrpcRowsClient:
         self._acks: set[grpc.Future] = set()
         self._prefetched: set[tuple[int, str, str, int]] = set()
         """Calls :meth:`prefetch` started since the last round: waited for as its own."""
+        self._answered_at: dict[grpc.Future, float] = {}
+        self._answers_lock = threading.Lock()
+        self.first_answer_at: float | None = None
+        """When the first of the last :meth:`get_rows_many`'s answers came (monotonic
+        seconds), None if it took none."""
 
     def _stub(self, address: str) -> millstream_pb2_grpc.MapperStub:
         with self._lock:
@@ -174,7 +179,13 @@ class GrpcRowsClient:
         stub = self._stub(call.address)
         self._keep_held(call.address, stub)
         future: grpc.Future = stub.GetRows.future(request, timeout=self._timeout)
+        future.add_done_callback(self._answered)
         return future
+
+    def _answered(self, future: grpc.Future) -> None:
+        if not future.cancelled():
+            with self._answers_lock:
+                self._answered_at[future] = time.monotonic()
 
     @staticmethod
     def _result(call: GetRowsCall, future: grpc.Future) -> GetRowsResult:
@@ -241,15 +252,26 @@ class GrpcRowsClient:
         if entries and not any(future.done() for _, future in entries):
             self._wait_for_any([future for _, future in entries], max(wait, self._first_answer))
         results: list[GetRowsResult | BaseException] = []
+        self.first_answer_at = None
         for call, (_, future) in zip(calls, entries, strict=True):
             if not future.done():
                 results.append(NotAnsweredYet(f"mapper {call.mapper_index} has not answered yet"))
                 continue
             self._under_way.pop(call.key, None)
+            with self._answers_lock:
+                answered = self._answered_at.pop(future, None)
+            if answered is not None and (
+                self.first_answer_at is None or answered < self.first_answer_at
+            ):
+                self.first_answer_at = answered
             try:
                 results.append(self._result(call, future))
             except Exception as exc:
                 results.append(exc)
+        with self._answers_lock:  # answers no round will take (their calls were dropped)
+            under_way = {future for _, future in self._under_way.values()}
+            for future in [f for f in self._answered_at if f not in under_way]:
+                del self._answered_at[future]
         return results
 
     def wait_for_answer(self, timeout_seconds: float) -> None:

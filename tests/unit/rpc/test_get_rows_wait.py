@@ -231,3 +231,30 @@ def test_the_grpc_client_is_one_a_reducer_can_wait_on() -> None:
         assert isinstance(client, AnswerWaiter)
     finally:
         client.close()
+
+
+def test_the_client_times_the_first_answer_a_round_takes(tmp_path: Path) -> None:
+    """:attr:`GrpcRowsClient.first_answer_at` is when the held call was answered: after the
+    rows arrived, not when the round began (the reducer's cadence counts from it)."""
+    with serving(tmp_path, range(1_000), worker_class=CountingMapper, timeout_seconds=30.0) as (
+        worker,
+        address,
+        client,
+    ):
+        began = time.monotonic()
+        arrived: list[float] = []
+        original = worker.ingest_once
+
+        def ingest_once() -> bool:
+            arrived.append(time.monotonic())
+            return original()
+
+        worker.ingest_once = ingest_once  # type: ignore[method-assign]
+        assert _answer_once_rows_arrive(worker, address, client).row_count == 1_000
+        answered = client.first_answer_at
+        assert answered is not None
+        assert began < arrived[0] <= answered <= time.monotonic()
+        # A round that took no answer (an acknowledgement is answered, a round without
+        # calls takes none) says so.
+        client.get_rows_many([])
+        assert client.first_answer_at is None

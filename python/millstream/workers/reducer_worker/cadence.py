@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from millstream.tuning import Tuning
 
+STEP = 0.1
+"""The share of an interval by which rounds step back into line with the rows' arrivals
+(:meth:`CommitCadence.counted_from`)."""
+
 
 class CommitCadence:
     """The wait between a commit and the next, from the recent cost of a transaction."""
@@ -37,3 +41,26 @@ class CommitCadence:
         while a round fetched and committed wait for one interval at most, not for the
         interval and the round's own time on top of it."""
         return min(self.most, max(self.least, self.cost / self.share))
+
+    def counted_from(self, started: float, first_answer: float | None) -> float:
+        """Where the interval to the next round counts from, after a round that committed.
+
+        A round whose first answer came later than a tenth of an interval after its start
+        waited for rows: it counts from that answer, so that rows arriving about once an
+        interval are taken as they come. A round whose rows were already there counts from
+        a tenth of an interval before its start. Counting such rounds from their start
+        alone lets the rounds drift against the arrivals (each one starts a little after
+        its time, when its sleep ends): rows then wait for the next round for up to a whole
+        interval, half of one on average, before the rounds fall into step again. Rounds
+        whose rows are always there (a busy stream) start a tenth of an interval sooner
+        than the interval.
+
+        ``first_answer``: None when unknown (no fetch, or a client that does not time its
+        answers): the round's start.
+        """
+        step = STEP * self.interval
+        if first_answer is None:
+            return started
+        if first_answer > started + step:
+            return first_answer
+        return started - step

@@ -20,7 +20,9 @@ class Fetching(ReducerInstance):
         if not calls:
             return []
         with self.time_spent.spent_on("mapper_wait"):
-            return self.rows_client.get_rows_many(calls)
+            results = self.rows_client.get_rows_many(calls)
+        self.first_answer_at = self.rows_client.first_answer_at
+        return results
 
     def _caps(self, live: int) -> tuple[int, int]:
         """Rows and bytes to ask each of ``live`` mappers for in this transaction."""

@@ -97,6 +97,8 @@ class ReducerInstance:
         self.cadence = CommitCadence(self.tuning)
         """When the next round may start after one that committed (:meth:`run`)."""
         self._round_started = clock.now()
+        self.first_answer_at: float | None = None
+        """When the first answer of this round's fetch came (None: none, or not known)."""
         self.discovery = DiscoveryView(clock, self.tuning.heartbeat_seconds)
         self.on_committed: Callable[[float, int, int, int], None] | None = None
         """Told each commit's latency (seconds), bytes written, rows reduced and Arrow

@@ -96,6 +96,7 @@ class ReducerWorker(PlainRound, ReducerFigures):
             RetryableStoreError, StoreUnavailableError: The store failed; retry later.
         """
         self._round_started = self.clock.now()
+        self.first_answer_at = None
         state, mappers, drained = self._read_view()
         self.settle_unknown_commits()
         self.last_state = state
@@ -137,9 +138,10 @@ class ReducerWorker(PlainRound, ReducerFigures):
     def run(self, stop: threading.Event) -> None:
         """Reduce until every mapper is drained or ``stop`` is set: the thin loop.
 
-        Starts a round one interval after the start of the last round that committed
-        (rows accumulate meanwhile and go into one transaction), the interval
-        :class:`~millstream.workers.reducer_worker.cadence.CommitCadence` says, unless the last
+        Starts a round about one interval after the start of the last round that committed
+        (rows accumulate meanwhile and go into one transaction), the interval and where it
+        counts from as :class:`~millstream.workers.reducer_worker.cadence.CommitCadence`
+        says, unless the last
         fetch hit its row or byte cap, the mappers are behind (then they hold the next
         fetch until a full commit's worth of rows gathers, see :attr:`gathering`), or every
         mapper has drained; polls an
@@ -189,7 +191,7 @@ class ReducerWorker(PlainRound, ReducerFigures):
             if committed:
                 backoff.reset()
                 idle.reset()
-                last_start = started
+                last_start = cadence.counted_from(started, self.first_answer_at)
             else:
                 self._wait_idle(idle.next(), stop)
 

@@ -1,0 +1,133 @@
+"""One hop between processes on the store's floor (:mod:`bench.latency_floor`, ``--hop``).
+
+millstream's mappers and reducers are separate processes, and a row reaches its reducer's
+commit through a gRPC call (DESIGN: rows move through memory and gRPC). The floor's
+readers commit their own reads; with ``--committers N`` they instead split each read's rows
+among N committer processes by key, and send each committer, in one gRPC call, the
+per-key sums of its rows, their count, the read's end position and their append stamps.
+A committer commits each call in one transaction, one at a time in the order the calls
+come (as a reducer's loop commits each mapper's answer as it comes), and answers after
+the commit. A reader trims its partition only after every call was answered (after the
+commits, as a mapper trims after the reducers' commits). What is measured is the floor's
+path plus the hop: N more processes on the cores, a gRPC call, and N writers of the store
+committing each reader's rows (with two readers, twice the commits of the readers'
+own for N = 2, as reducers committing each mapper's answer make).
+
+The payload is a pickle of the sums' Arrow IPC stream and two int64 arrays: no protobuf,
+no window, no rounds, no bookkeeping. The committer saves (append ns, rows, commit ns) per
+append as the floor's readers do.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pyarrow as pa
+
+METHOD = "/floor.Hop/Commit"
+"""The committer's one method: bytes in (a pickled read), empty bytes out after the commit."""
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+class HopClient:
+    """A reader's end of the hop: each read's rows split among the committers by key, one
+    call to each committer with rows, all sent at once; returns when every one of them
+    has committed."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self._channels = [grpc.insecure_channel(address) for address in addresses]
+        self._calls = [channel.unary_unary(METHOD) for channel in self._channels]
+
+    def commit(self, partition: int, table: pa.Table, end: int) -> None:
+        """Send the rows of one read (``key``, ``value``, ``append_ns``), ending at ``end``
+        of ``partition``; wait until each committer that got rows has committed them."""
+        committer = table["key"].combine_chunks().to_numpy() % len(self._calls)
+        calls = []
+        for index, call in enumerate(self._calls):
+            rows = table.filter(pa.array(committer == index))
+            if not rows.num_rows:
+                continue
+            sums = rows.group_by("key", use_threads=False).aggregate([("value", "sum")])
+            stamps, counts = np.unique(
+                rows["append_ns"].combine_chunks().to_numpy(), return_counts=True
+            )
+            payload = (partition, _ipc(sums), rows.num_rows, end, stamps, counts)
+            calls.append(call.future(pickle.dumps(payload, protocol=5), timeout=60.0))
+        for future in calls:
+            future.result()
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+
+def serve_commits(
+    url: str,
+    partitions: int,
+    out: Path,
+    ready: Connection,
+    stop: Event,
+    commit: Callable[..., None],
+) -> None:
+    """The committer process: serve :data:`METHOD` until ``stop``, committing each call's
+    read with ``commit(txn, partition=, sums=, rows=, end=)`` (the floor's own transaction)
+    in one thread; then save the commit times. Sends its port through ``ready``."""
+    from millstream.inputs import StoreQueue
+
+    from bench.queue_producer import QUEUE_NAME, QUEUE_PREFIX
+
+    queue = StoreQueue(url, QUEUE_NAME, partitions, prefix=QUEUE_PREFIX)
+    store = queue.store
+    appends: list[np.ndarray] = []
+    rows: list[np.ndarray] = []
+    commits: list[np.ndarray] = []
+    lock = threading.Lock()
+
+    def handle(request: bytes, _context: Any) -> bytes:
+        partition, ipc, count, end, stamps, counts = pickle.loads(request)
+        sums = pa.ipc.open_stream(ipc).read_all()
+        with lock:
+            store.transact(
+                functools.partial(commit, partition=partition, sums=sums, rows=count, end=end)
+            )
+            committed = time.time_ns()
+            appends.append(stamps)
+            rows.append(counts)
+            commits.append(np.full(stamps.size, committed, np.int64))
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(
+        "floor.Hop", {"Commit": grpc.unary_unary_rpc_method_handler(handle)}
+    )
+    # Two threads: both readers' calls are received at once, committed one at a time.
+    server = grpc.server(ThreadPoolExecutor(max_workers=2), handlers=(handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    ready.send(port)
+    stop.wait()
+    server.stop(grace=5.0).wait()
+    np.savez(
+        out,
+        append_ns=np.concatenate(appends or [np.zeros(0, np.int64)]),
+        rows=np.concatenate(rows or [np.zeros(0, np.int64)]),
+        commit_ns=np.concatenate(commits or [np.zeros(0, np.int64)]),
+        plan_seconds=np.zeros(0, np.float64),
+    )
+    queue.close()
