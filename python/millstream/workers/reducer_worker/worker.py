@@ -141,13 +141,12 @@ class ReducerWorker(PlainRound, ReducerFigures):
         Starts a round about one interval after the start of the last round that committed
         (rows accumulate meanwhile and go into one transaction), the interval and where it
         counts from as :class:`~millstream.workers.reducer_worker.cadence.CommitCadence`
-        says, unless the last
-        fetch hit its row or byte cap, the mappers are behind (then they hold the next
-        fetch until a full commit's worth of rows gathers, see :attr:`gathering`), or every
-        mapper has drained; polls an
-        idle processor less and less often, down to ten times a second, woken in between
-        by the answer of a call its mappers hold (:meth:`_wait_idle`); and backs off
-        after errors (thesis 4.4.2 step 1).
+        says, unless the last fetch hit its row or byte cap, the mappers are behind (then
+        they hold the next fetch until a full commit's worth of rows gathers, see
+        :attr:`gathering`), or every mapper has drained; polls an idle processor less and
+        less often, down to ten times a second, woken in between by the answer of a call
+        its mappers hold (:meth:`_wait_idle`); and backs off after errors (thesis 4.4.2
+        step 1).
         """
         t = self.tuning
         backoff = Backoff(t.backoff_seconds, t.backoff_max_seconds)
