@@ -1,4 +1,4 @@
-"""One hop between processes on the store's floor (:mod:`bench.latency_floor`, ``--hop``).
+"""One hop between processes on the store's floor (:mod:`bench.latency_floor`, ``--committers``).
 
 millstream's mappers and reducers are separate processes, and a row reaches its reducer's
 commit through a gRPC call (DESIGN: rows move through memory and gRPC). The floor's
@@ -34,6 +34,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pyarrow as pa
+
+from bench.latency_stats import save_append_times
 
 METHOD = "/floor.Hop/Commit"
 """The committer's one method: bytes in (a pickled read), empty bytes out after the commit."""
@@ -123,11 +125,5 @@ def serve_commits(
     ready.send(port)
     stop.wait()
     server.stop(grace=5.0).wait()
-    np.savez(
-        out,
-        append_ns=np.concatenate(appends or [np.zeros(0, np.int64)]),
-        rows=np.concatenate(rows or [np.zeros(0, np.int64)]),
-        commit_ns=np.concatenate(commits or [np.zeros(0, np.int64)]),
-        plan_seconds=np.zeros(0, np.float64),
-    )
+    save_append_times(out, appends, rows, commits)
     queue.close()

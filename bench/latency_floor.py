@@ -57,7 +57,7 @@ from bench import run_queue
 from bench.floor_hop import HopClient, serve_commits
 from bench.floor_mapper_records import MapperRecords
 from bench.fresh_store import empty_store
-from bench.latency_stats import summarize_latency
+from bench.latency_stats import save_append_times, summarize_latency
 from bench.queue_pipeline import read_key_sums
 from bench.queue_producer import QUEUE_NAME, QUEUE_PREFIX, ProducerHandle, ProducerPlan, Step
 
@@ -150,13 +150,7 @@ def _read_and_commit(
                 records.persist(position, token)
             reader.trim(position, token)
             trimmed_at = time.monotonic()
-    np.savez(
-        out,
-        append_ns=np.concatenate(appends or [np.zeros(0, np.int64)]),
-        rows=np.concatenate(rows or [np.zeros(0, np.int64)]),
-        commit_ns=np.concatenate(commits or [np.zeros(0, np.int64)]),
-        plan_seconds=np.array([] if records is None else records.plan_seconds, np.float64),
-    )
+    save_append_times(out, appends, rows, commits, [] if records is None else records.plan_seconds)
     if records is not None:
         records.close()
     if client is not None:

@@ -8,6 +8,7 @@ count: the p99 is the latency that 99 % of *rows* do not exceed, whatever the gr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -220,3 +221,22 @@ def timeline(
             }
         )
     return out
+
+
+def save_append_times(
+    out: Path,
+    appends: list[np.ndarray],
+    rows: list[np.ndarray],
+    commits: list[np.ndarray],
+    plan_seconds: Sequence[float] = (),
+) -> None:
+    """Write a floor process's (append ns, rows, commit ns) per append, and its batch
+    records' seconds, to ``out`` (``.npz``), as :func:`bench.latency_floor.run` reads them."""
+    empty = [np.zeros(0, np.int64)]
+    np.savez(
+        out,
+        append_ns=np.concatenate(appends or empty),
+        rows=np.concatenate(rows or empty),
+        commit_ns=np.concatenate(commits or empty),
+        plan_seconds=np.array(plan_seconds, np.float64),
+    )

@@ -286,8 +286,15 @@ def main() -> None:
 
 
 def _median_cells(values: list[float]) -> str:
+    """``median | run, run, ...``: two table cells."""
     cells = ", ".join(f"{v:.2f}" for v in values)
     return f"{statistics.median(values):.2f} | {cells}"
+
+
+def _median_of_runs(values: list[float]) -> str:
+    """``median (run, run, ...)``: one table cell."""
+    cells = ", ".join(f"{v:.2f}" for v in values)
+    return f"{statistics.median(values):.2f} ({cells})"
 
 
 def print_floor(floors: list[dict[str, float]], runs: list[dict[str, float]]) -> None:
@@ -296,13 +303,11 @@ def print_floor(floors: list[dict[str, float]], runs: list[dict[str, float]]) ->
     print("\n| step of the floor | floor (median, runs) | millstream's step | millstream |")
     print("|---|---|---|---|")
     for step, ours in FLOOR_STEPS.items():
-        floor_cells = _median_cells([f[step] for f in floors]).replace(" | ", " (", 1) + ")"
-        ours_cells = _median_cells([r[ours] for r in runs]).replace(" | ", " (", 1) + ")"
+        floor_cells = _median_of_runs([f[step] for f in floors])
+        ours_cells = _median_of_runs([r[ours] for r in runs])
         print(f"| {step} | {floor_cells} | {ours} | {ours_cells} |")
     for step in (CPU_STEPS[0], "CPU s of a worker from its fork to its commit (median)"):
-        print(
-            f"| {step} | {_median_cells([f[step] for f in floors]).replace(' | ', ' (', 1)}) | | |"
-        )
+        print(f"| {step} | {_median_of_runs([f[step] for f in floors])} | | |")
     ratios = [
         r["first reducer commit"] / f["first commit"] for f, r in zip(floors, runs, strict=True)
     ]
