@@ -387,6 +387,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{'yes' if r['exact'] else 'NO'} |",
             flush=True,
         )
+        if r["run_queue"]:
+            print(f"processes (steady part): {run_queue.describe(r['run_queue'])}", flush=True)
         failed = failed or not r["exact"]
     if failed:
         raise SystemExit("a run was not exact: the committed sums differ from the producer's")

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import run_queue
 from bench.latency_stats import fmt_ms
 from bench.queue_pipeline import log
 from bench.queue_producer import ROW_BYTES
@@ -51,13 +52,7 @@ def print_fixed(result: dict[str, Any]) -> None:
         ("the floor's ", (floor or {}).get("run_queue")),
     ):
         if waits:
-            log(
-                f"  {name}waits for a core (steady part; share of wall time, ms per slice): "
-                + ", ".join(
-                    f"{who} {w['wait_share']:.0%} {w['wait_ms_per_slice']:.2f}"
-                    for who, w in sorted(waits.items())
-                )
-            )
+            log(f"  {name}processes (steady part): {run_queue.describe(waits)}")
     shares = s.get("reducer_time_shares") or {}
     if any(share is not None for share in shares.values()):
         log(

@@ -67,3 +67,17 @@ def waits(
             "slices_per_second": delta.slices / seconds,
         }
     return figures
+
+
+def describe(figures: dict[str, dict[str, float]]) -> str:
+    """One line of :func:`waits`' figures: each process's share of the wall time running
+    and waiting for a core, the mean wait per slice, and the cores the processes used."""
+    cores = sum(f["run_share"] for f in figures.values())
+    return (
+        "share of wall time running / waiting for a core, ms per slice: "
+        + ", ".join(
+            f"{who} {f['run_share']:.0%} / {f['wait_share']:.0%} {f['wait_ms_per_slice']:.2f}"
+            for who, f in sorted(figures.items())
+        )
+        + f"; {cores:.2f} cores running in all"
+    )

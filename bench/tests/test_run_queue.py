@@ -24,3 +24,13 @@ def test_a_process_that_ran_shows_its_running_time_and_a_gone_one_shows_nothing(
     child.wait()
     assert run_queue.read_schedstat(child.pid) is None
     assert run_queue.snapshot({"gone": child.pid}) == {}
+
+
+def test_the_line_names_every_process_with_its_shares_and_sums_the_cores() -> None:
+    figures = {
+        "reader 0": {"run_share": 0.25, "wait_share": 0.05, "wait_ms_per_slice": 0.04},
+        "committer 0": {"run_share": 0.5, "wait_share": 0.2, "wait_ms_per_slice": 0.12},
+    }
+    line = run_queue.describe(figures)
+    assert "committer 0 50% / 20% 0.12, reader 0 25% / 5% 0.04" in line
+    assert line.endswith("0.75 cores running in all")
