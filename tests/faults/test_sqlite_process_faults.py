@@ -52,7 +52,7 @@ def test_a_kill_at_a_step_leaves_what_committed(small_store_units: None, tmp_pat
     for seed in (4, 5):
         program = random_program(random.Random(seed), PROGRAM_OPS)
         steps = run_program(tmp_path / f"count-{seed}.db", program)
-        for at in range(seed % 3, steps, 4):
+        for at in range(seed % 3, steps, 3):
             path = tmp_path / f"{seed}-{at}.db"
             status, lines = in_child(
                 lambda fd, path=path, at=at, program=program: run_program(  # type: ignore[misc]

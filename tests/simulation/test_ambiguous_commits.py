@@ -19,7 +19,7 @@ from millstream.exceptions import (
     InputError,
     StoreUnavailableError,
 )
-from millstream.inputs import store_queue
+from millstream.inputs import queue_chunks, store_queue
 from millstream.inputs.store_queue import StoreQueue
 from millstream.state import encode_int64
 
@@ -70,7 +70,7 @@ def test_an_append_of_several_pieces_stopped_between_them_is_completed_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 42, item 2: a sequence counts as appended once all its pieces landed."""
-    monkeypatch.setattr(store_queue, "CHUNK_BYTES", 80)  # 10 int64 rows a chunk
+    monkeypatch.setattr(queue_chunks, "CHUNK_BYTES", 80)  # 10 int64 rows a chunk
     monkeypatch.setattr(store_queue, "TRANSACTION_BYTES", 1)  # a transaction per chunk
     sim = Simulation(CONFIG)
     try:

@@ -140,3 +140,30 @@ def test_a_batch_read_conflicts_unless_it_is_a_snapshot(store: Store, snapshot: 
     else:
         with pytest.raises(StoreConflictError):
             a.commit()
+
+
+def test_unrelated_keys_read_together_see_the_transactions_own_writes(store: Store) -> None:
+    store.transact(lambda t: [t.set(("q", 0, "end"), b"7"), t.set(("q", 0, "p", "x"), b"r")])
+    txn = store.create_transaction()
+    txn.set(("q", 0, "schema"), b"s")
+    txn.clear(("q", 0, "end"))
+    keys = [("q", 0, "sealed"), ("q", 0, "schema"), ("q", 0, "end"), ("q", 0, "p", "x")]
+    assert txn.get_each(keys) == [None, b"s", None, b"r"]
+    assert txn.get_each([]) == []
+    txn.commit()
+    assert store.transact(lambda t: t.get_each(keys, snapshot=True)) == [None, b"s", None, b"r"]
+
+
+@pytest.mark.parametrize("snapshot", [False, True], ids=["read", "snapshot"])
+def test_keys_read_together_conflict_unless_a_snapshot(store: Store, snapshot: bool) -> None:
+    keys = [("k", "a"), ("other", 1, "b")]
+    store.transact(lambda t: [t.set(key, b"0") for key in keys])
+    a = store.create_transaction()
+    assert a.get_each(keys, snapshot=snapshot) == [b"0", b"0"]
+    store.transact(lambda t: t.set(("other", 1, "b"), b"1"))
+    a.set(("elsewhere",), b"a")
+    if snapshot:
+        a.commit()
+    else:
+        with pytest.raises(StoreConflictError):
+            a.commit()

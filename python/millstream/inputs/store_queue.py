@@ -3,9 +3,9 @@
 Producers :meth:`~StoreQueue.append` Arrow record batches to a partition; a mapper reads its
 partition by absolute row index through :meth:`~StoreQueue.reader` and trims what its
 reducers have committed. Rows are stored as Arrow IPC record-batch messages in chunks
-(buffers compressed with zstd but in small chunks: :data:`CHUNK_COMPRESSION`), each split
-over values of at most 100 kB, with the partition's schema stored once per change:
-appends may evolve it by safe changes (:mod:`.queue_schemas`).
+(:mod:`.queue_chunks`), each split over values of at most 100 kB, with the partition's
+schema stored once per change: appends may evolve it by safe changes
+(:mod:`.queue_schemas`).
 
 Layout under ``QUEUES + (name,)``:
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -37,6 +37,7 @@ from millstream.exceptions import (
 )
 from millstream.inputs import queue_producer as producers
 from millstream.inputs.base import ReadResult
+from millstream.inputs.queue_chunks import encode_chunks
 from millstream.inputs.queue_producer import QueueProducer
 from millstream.inputs.queue_schemas import QueueSchemas
 from millstream.inputs.storable import check_storable
@@ -50,23 +51,6 @@ from millstream.state.url import open_store
 PART_BYTES = 90_000
 """Bytes per stored value (below FoundationDB's 100 kB value limit)."""
 
-CHUNK_BYTES = 1_000_000
-"""Target serialized size of one chunk of rows."""
-
-CHUNK_COMPRESSION = pa.ipc.IpcWriteOptions(compression="zstd")
-"""How a chunk's Arrow buffers are stored: compressed with zstd, which readers undo
-(Arrow IPC records it in each message, so chunks stored uncompressed read as before).
-Every stored byte is written twice by the embedded store (its log, then the file), so
-this is written less: a pane's results (window bounds, key, count, sum as int64s) take
-63 kB instead of 680 kB per 17,000 rows, for about 3 ms of CPU per megabyte
-written and 1.5 ms per megabyte read. Chunks under :data:`COMPRESS_MIN_BYTES` are stored
-plain."""
-
-COMPRESS_MIN_BYTES = 4_096
-"""Arrow bytes below which a chunk is stored uncompressed: it fits in one page of the
-embedded store either way, and compressing costs about 80 us a chunk (a ten-row append:
-4 us plain), which a stream of small appends would pay on its latency."""
-
 TRANSACTION_BYTES = 4_000_000
 """Bytes of rows appended or read per transaction (well below the 10 MB limit)."""
 
@@ -79,15 +63,12 @@ def _decode_index(raw: bytes | None, default: int = 0) -> int:
     return default if raw is None else decode_int64(raw)
 
 
-def _compressed_message(batch: pa.RecordBatch) -> bytes:
-    """``batch`` as one IPC record-batch message with buffers compressed
-    (:data:`CHUNK_COMPRESSION`), read back by :func:`pyarrow.ipc.read_record_batch`."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=CHUNK_COMPRESSION) as writer:
-        writer.write_batch(batch)
-    messages = pa.ipc.MessageReader.open_stream(sink.getvalue())
-    messages.read_next_message()  # the schema, stored once per partition
-    return bytes(messages.read_next_message().serialize())
+class _Head(NamedTuple):
+    """What an append to a partition checks and continues from."""
+
+    sealed: bool
+    schema: bytes | None
+    end: int
 
 
 class StoreQueue:
@@ -248,7 +229,7 @@ class StoreQueue:
         pieces: list[list[tuple[int, bytes]]] = [[]]
         piece_bytes = 0
         for whole in batches:
-            for chunk_rows, payload in self._chunks(whole):
+            for chunk_rows, payload in encode_chunks(whole):
                 if pieces[-1] and piece_bytes + len(payload) > TRANSACTION_BYTES:
                     pieces.append([])
                     piece_bytes = 0
@@ -277,20 +258,6 @@ class StoreQueue:
             begin, end = self._store.transact(append_piece, idempotent=True)
         return begin, end
 
-    def _chunks(self, batch: pa.RecordBatch) -> list[tuple[int, bytes]]:
-        if batch.num_rows == 0:
-            return []
-        per_row = max(1, batch.nbytes // batch.num_rows)
-        rows = max(1, CHUNK_BYTES // per_row)
-        out = []
-        for start in range(0, batch.num_rows, rows):
-            piece = batch.slice(start, rows)
-            if piece.nbytes < COMPRESS_MIN_BYTES:
-                out.append((piece.num_rows, piece.serialize().to_pybytes()))
-            else:
-                out.append((piece.num_rows, _compressed_message(piece)))
-        return out
-
     def _append_piece(
         self,
         txn: StoreTransaction,
@@ -307,7 +274,7 @@ class StoreQueue:
         """Append piece ``piece`` of ``pieces`` of ``sequence`` unless it landed before,
         and record it (see the module docstring)."""
         producer_key = self._key(partition, "producer", producer_id)
-        raw = txn.get(producer_key)
+        head, (raw,) = self._read_head(txn, partition, producer_key)
         first_begin, complete = None, -1
         if raw is not None:
             where = f"queue {self._name!r} partition {partition}: producer {producer_id!r}"
@@ -316,7 +283,7 @@ class StoreQueue:
                 return admitted.retry  # appended before: this is a retry
             first_begin, complete = admitted.first_begin, admitted.complete
         appender = f"append of producer {producer_id!r} sequence {sequence}"
-        begin, row = self._write_rows(txn, partition, schema_ipc, chunks, appender)
+        begin, row = self._write_rows(txn, partition, head, schema_ipc, chunks, appender)
         first = begin if first_begin is None else first_begin
         if piece == pieces - 1:
             complete = sequence
@@ -344,9 +311,10 @@ class StoreQueue:
         self._key(partition)
         check_storable(batch.schema, self._name)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
-        chunks = [chunk for whole in batches for chunk in self._chunks(whole)]
+        chunks = [chunk for whole in batches for chunk in encode_chunks(whole)]
         schema_ipc = batch.schema.serialize().to_pybytes()
-        return self._write_rows(txn, partition, schema_ipc, chunks, "append in a transaction")
+        head, _ = self._read_head(txn, partition)
+        return self._write_rows(txn, partition, head, schema_ipc, chunks, "append in a transaction")
 
     def _schemas_of(self, partition: int) -> QueueSchemas:
         return QueueSchemas(
@@ -354,19 +322,36 @@ class StoreQueue:
             f"queue {self._name!r} partition {partition}",
         )
 
+    def _read_head(
+        self, txn: StoreTransaction, partition: int, *more: Key
+    ) -> tuple[_Head, list[bytes | None]]:
+        """What an append checks and continues from (the partition's seal, schema and end)
+        and the keys ``more``, read together: one round trip on a store over the network,
+        not one per key."""
+        sealed, schema, end, *rest = txn.get_each(
+            [
+                self._key(partition, "sealed"),
+                self._key(partition, "schema"),
+                self._key(partition, "end"),
+                *more,
+            ]
+        )
+        return _Head(sealed is not None, schema, _decode_index(end)), rest
+
     def _write_rows(
         self,
         txn: StoreTransaction,
         partition: int,
+        head: _Head,
         schema_ipc: bytes,
         chunks: list[tuple[int, bytes]],
         appender: str,
     ) -> tuple[int, int]:
-        """Check the partition's seal and schema, then store ``chunks`` at its end."""
-        if txn.get(self._key(partition, "sealed")) is not None:
+        """Check the partition's seal and schema (``head``, read in ``txn``), then store
+        ``chunks`` at its end."""
+        if head.sealed:
             raise InputError(f"queue {self._name!r} partition {partition} is sealed")
-        stored_schema = txn.get(self._key(partition, "schema"))
-        begin = _decode_index(txn.get(self._key(partition, "end")))
+        stored_schema, begin = head.schema, head.end
         if stored_schema is None:
             txn.set(self._key(partition, "schema"), schema_ipc)
         elif stored_schema != schema_ipc:

@@ -79,6 +79,13 @@ def drained_key(mapper_index: int) -> tuple[str, str, int]:
     return (*SYSTEM, "drained", mapper_index)
 
 
+def drained_mappers(txn: StoreTransaction, num_partitions: int) -> set[int]:
+    """The mappers among ``num_partitions`` that set their :func:`drained_key`, read
+    together as a snapshot (one round trip on a store over the network)."""
+    found = txn.get_many((*SYSTEM, "drained"), list(range(num_partitions)), snapshot=True)
+    return {index for index, raw in enumerate(found) if raw is not None}
+
+
 def plan_key(mapper_index: int, begin_row_index: int) -> tuple[str, str, int, int]:
     """Key of the recorded end of mapper ``mapper_index``'s batch starting at an input row."""
     return (*SYSTEM, "plan", mapper_index, begin_row_index)

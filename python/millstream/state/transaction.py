@@ -201,6 +201,24 @@ class StoreTransaction(ABC):
             self._grow(read_bytes(len(raw), size), size)
         return self._raw_get_many(raw, snapshot)
 
+    def get_each(self, keys: Sequence[Key], *, snapshot: bool = False) -> list[bytes | None]:
+        """Read several unrelated keys at once: a store over the network sends their reads
+        together (one round trip where :meth:`get` after :meth:`get` takes one each).
+
+        Args:
+            keys: The keys, each relative to the store's prefix.
+            snapshot: Read without adding read conflicts.
+
+        Returns:
+            The values, aligned with ``keys``; ``None`` where absent.
+        """
+        self._start()
+        raw = [self._key(key) for key in keys]
+        if not snapshot:
+            size = key_bytes(raw)
+            self._grow(read_bytes(len(raw), size), size)
+        return self._raw_get_many(raw, snapshot)
+
     def get_range(
         self,
         begin: Key,

@@ -14,6 +14,7 @@ from typing import Any
 from millstream import _core
 from millstream.exceptions import CommitUnknownResultError, StoreConflictError
 from millstream.inputs.base import ReadResult
+from millstream.inputs.queue_chunks import encode_chunks
 from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import (
     ReducerState,
@@ -140,7 +141,7 @@ def _append_not_idempotent(
 ) -> tuple[int, int]:
     """Mutant (f): the issue-13 bug, an append retried after an unknown result appends again."""
     schema_ipc = batch.schema.serialize().to_pybytes()
-    chunks = self._chunks(batch)
+    chunks = encode_chunks(batch)
     return self._store.transact(  # type: ignore[no-any-return]
         lambda txn: _append_piece_blindly(
             self, txn, partition, schema_ipc, chunks, producer_id, sequence, 0
@@ -158,7 +159,7 @@ def _append_rechecked_after_unknown(
     and lands after the look.
     """
     schema_ipc = batch.schema.serialize().to_pybytes()
-    chunks = self._chunks(batch)
+    chunks = encode_chunks(batch)
 
     def body(txn: Any) -> tuple[int, int]:
         return _append_piece_blindly(

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from millstream.exceptions import DuplicateSequenceError, InputError
-from millstream.inputs import store_queue
+from millstream.inputs import queue_chunks
 from millstream.inputs.store_queue import PART_BYTES, StoreQueue
 from millstream.ledger import QUEUES
 from millstream.outputs import StagedOutputs
@@ -198,13 +198,13 @@ def test_rows_of_every_type_read_back_as_appended(
 ) -> None:
     """Or, for a type the queue cannot read back, the append is refused and stores nothing.
     ``compressed``: every chunk stored compressed, however small (else only chunks from
-    :data:`~millstream.inputs.store_queue.COMPRESS_MIN_BYTES` are, so these small ones
+    :data:`~millstream.inputs.queue_chunks.COMPRESS_MIN_BYTES` are, so these small ones
     would be plain)."""
     refused = any(pa.types.is_dictionary(f.type) for f in batches[0].schema)
-    smallest = 0 if compressed else store_queue.COMPRESS_MIN_BYTES
+    smallest = 0 if compressed else queue_chunks.COMPRESS_MIN_BYTES
     with (
         tempfile.TemporaryDirectory() as directory,
-        mock.patch.object(store_queue, "COMPRESS_MIN_BYTES", smallest),
+        mock.patch.object(queue_chunks, "COMPRESS_MIN_BYTES", smallest),
     ):
         url = f"sqlite:///{Path(directory) / 'q.db'}"
         writer = StoreQueue(url, "q", 1)

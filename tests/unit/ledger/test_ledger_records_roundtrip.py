@@ -55,6 +55,7 @@ from millstream.ledger import (
     ProcessorInfo,
     ReducerState,
     drained_key,
+    drained_mappers,
     list_workers,
     mapped_key,
     plan_key,
@@ -174,6 +175,19 @@ def test_mapper_records_read_back(
         return unpack(plan)[0], unpack(drained)[0], read_numbering(txn, mapper), decode_int64(total)
 
     assert _round_trip(write, read) == (end, end, guid, batches)
+
+
+@settings(max_examples=30)
+@given(num_partitions=st.integers(1, 40), data=st.data())
+def test_the_drained_mappers_read_back(num_partitions: int, data: st.DataObject) -> None:
+    """Whichever mappers set their drained marker, and only they, read back as drained."""
+    drained = data.draw(st.sets(st.integers(0, num_partitions - 1)))
+
+    def write(txn: StoreTransaction) -> None:
+        for mapper in drained:
+            txn.set(drained_key(mapper), pack((mapper,)))
+
+    assert _round_trip(write, lambda txn: drained_mappers(txn, num_partitions)) == drained
 
 
 FIELD_TYPES = st.sampled_from(

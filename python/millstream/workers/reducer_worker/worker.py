@@ -19,6 +19,7 @@ from millstream.ledger import (
     ReducerState,
     WorkerInfo,
     drained_key,
+    drained_mappers,
     list_workers,
     read_reducer_state,
     read_rescale,
@@ -49,7 +50,7 @@ class ReducerWorker(PlainRound, ReducerFigures):
         with self.time_spent.spent_on("store"), self.store.read() as txn:
             state = read_reducer_state(txn, self.index, m)
             mappers, dead = self.discovery.observe(list_workers(txn, "mapper"))
-            drained = {i for i in range(m) if txn.get(drained_key(i), snapshot=True) is not None}
+            drained = drained_mappers(txn, m)
             self._spill_pending = spill_pending(txn, self.index)
         if dead:
             self._forget_mappers(dead)
