@@ -6,6 +6,7 @@ model built from the per-key rules (:func:`~millstream.state.add_int64s`)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +22,7 @@ from millstream.state import (
     encode_int64,
     encode_int64s,
 )
-from millstream.state.transaction import SORT_THRESHOLD
+from millstream.state.transaction import SORT_THRESHOLD, StoreTransaction
 
 from tests.support.lanes import add_lanes
 
@@ -127,12 +128,25 @@ def test_batch_adds_match_the_per_key_rules(
     ]
 
 
+BATCH_READS: dict[str, Callable[[StoreTransaction, bool], list[bytes | None]]] = {
+    "get_many": lambda txn, snapshot: txn.get_many(
+        ("k",), pa.array(["a", "b", "c"]), snapshot=snapshot
+    ),
+    "get_each": lambda txn, snapshot: txn.get_each(
+        [("k", "a"), ("k", "b"), ("k", "c")], snapshot=snapshot
+    ),
+}
+
+
+@pytest.mark.parametrize("read", sorted(BATCH_READS))
 @pytest.mark.parametrize("snapshot", [False, True], ids=["read", "snapshot"])
-def test_a_batch_read_conflicts_unless_it_is_a_snapshot(store: Store, snapshot: bool) -> None:
+def test_a_batch_read_conflicts_unless_it_is_a_snapshot(
+    store: Store, snapshot: bool, read: str
+) -> None:
     keys = pa.array(["a", "b", "c"])
     store.transact(lambda t: t.set_many(("k",), keys, pa.array([b"0"] * 3, pa.binary())))
     a = store.create_transaction()
-    assert a.get_many(("k",), keys, snapshot=snapshot) == [b"0"] * 3
+    assert BATCH_READS[read](a, snapshot) == [b"0"] * 3
     store.transact(lambda t: t.set(("k", "b"), b"1"))
     a.set(("elsewhere",), b"a")
     if snapshot:
@@ -152,18 +166,3 @@ def test_unrelated_keys_read_together_see_the_transactions_own_writes(store: Sto
     assert txn.get_each([]) == []
     txn.commit()
     assert store.transact(lambda t: t.get_each(keys, snapshot=True)) == [None, b"s", None, b"r"]
-
-
-@pytest.mark.parametrize("snapshot", [False, True], ids=["read", "snapshot"])
-def test_keys_read_together_conflict_unless_a_snapshot(store: Store, snapshot: bool) -> None:
-    keys = [("k", "a"), ("other", 1, "b")]
-    store.transact(lambda t: [t.set(key, b"0") for key in keys])
-    a = store.create_transaction()
-    assert a.get_each(keys, snapshot=snapshot) == [b"0", b"0"]
-    store.transact(lambda t: t.set(("other", 1, "b"), b"1"))
-    a.set(("elsewhere",), b"a")
-    if snapshot:
-        a.commit()
-    else:
-        with pytest.raises(StoreConflictError):
-            a.commit()
