@@ -82,7 +82,7 @@ def drained_key(mapper_index: int) -> tuple[str, str, int]:
 def drained_mappers(txn: StoreTransaction, num_partitions: int) -> set[int]:
     """The mappers among ``num_partitions`` that set their :func:`drained_key`, read
     together as a snapshot (one round trip on a store over the network)."""
-    found = txn.get_many((*SYSTEM, "drained"), list(range(num_partitions)), snapshot=True)
+    found = txn.get_each([drained_key(i) for i in range(num_partitions)], snapshot=True)
     return {index for index, raw in enumerate(found) if raw is not None}
 
 

@@ -195,11 +195,7 @@ class StoreTransaction(ABC):
             The values, aligned with ``keys``; ``None`` where absent.
         """
         self._start()
-        raw = list(self._batch_keys(keyspace, keys))
-        if not snapshot:
-            size = key_bytes(raw)
-            self._grow(read_bytes(len(raw), size), size)
-        return self._raw_get_many(raw, snapshot)
+        return self._read_batch(list(self._batch_keys(keyspace, keys)), snapshot)
 
     def get_each(self, keys: Sequence[Key], *, snapshot: bool = False) -> list[bytes | None]:
         """Read several unrelated keys at once: a store over the network sends their reads
@@ -213,7 +209,11 @@ class StoreTransaction(ABC):
             The values, aligned with ``keys``; ``None`` where absent.
         """
         self._start()
-        raw = [self._key(key) for key in keys]
+        return self._read_batch([self._key(key) for key in keys], snapshot)
+
+    def _read_batch(self, raw: list[bytes], snapshot: bool) -> list[bytes | None]:
+        """The batch reads' common part: count what a conflict-checked read adds to the
+        transaction, then read ``raw`` keys in one call."""
         if not snapshot:
             size = key_bytes(raw)
             self._grow(read_bytes(len(raw), size), size)
