@@ -135,6 +135,11 @@ BATCH_READS: dict[str, Callable[[StoreTransaction, bool], list[bytes | None]]] =
     "get_each": lambda txn, snapshot: txn.get_each(
         [("k", "a"), ("k", "b"), ("k", "c")], snapshot=snapshot
     ),
+    # More keys than a local store reads one by one (SQLite: one IN query).
+    "get_each-many": lambda txn, snapshot: txn.get_each(
+        [("k", "a"), ("k", "b"), ("k", "c"), ("k", "d"), ("k", "e"), ("k", "f")],
+        snapshot=snapshot,
+    )[:3],
 }
 
 
@@ -163,6 +168,9 @@ def test_unrelated_keys_read_together_see_the_transactions_own_writes(store: Sto
     txn.clear(("q", 0, "end"))
     keys = [("q", 0, "sealed"), ("q", 0, "schema"), ("q", 0, "end"), ("q", 0, "p", "x")]
     assert txn.get_each(keys) == [None, b"s", None, b"r"]
+    # As many keys as a local store reads in one query.
+    more = [*keys, ("q", 1, "end"), ("q", 0, "schema"), ("q", 0, "p", "x")]
+    assert txn.get_each(more) == [None, b"s", None, b"r", None, b"s", b"r"]
     assert txn.get_each([]) == []
     txn.commit()
     assert store.transact(lambda t: t.get_each(keys, snapshot=True)) == [None, b"s", None, b"r"]

@@ -34,6 +34,8 @@ from millstream.ledger.discovery import (
 from millstream.ledger.mapper import (
     MapperState,
     clear_batch_plans,
+    decode_mapper_state,
+    decode_numbering,
     drained_key,
     drained_mappers,
     mapped_key,
@@ -56,6 +58,7 @@ from millstream.ledger.processor_record import (
 )
 from millstream.ledger.reducer import (
     ReducerState,
+    decode_reducer_state,
     drained_marker_key,
     read_reducer_state,
     reduced_key,
@@ -84,6 +87,9 @@ __all__ = [
     "WorkerInfo",
     "check_processor_info",
     "clear_batch_plans",
+    "decode_mapper_state",
+    "decode_numbering",
+    "decode_reducer_state",
     "drained_key",
     "drained_mappers",
     "drained_marker_key",

@@ -37,7 +37,12 @@ def mapper_state_key(mapper_index: int) -> tuple[str, str, int]:
 
 def read_mapper_state(txn: StoreTransaction, mapper_index: int) -> MapperState:
     """Read a mapper's persisted state (the initial state if never written)."""
-    raw = txn.get(mapper_state_key(mapper_index))
+    return decode_mapper_state(txn.get(mapper_state_key(mapper_index)), mapper_index)
+
+
+def decode_mapper_state(raw: bytes | None, mapper_index: int) -> MapperState:
+    """Mapper ``mapper_index``'s state from the value read at :func:`mapper_state_key`
+    (the initial state if None), for a read batched with others."""
     if raw is None:
         return MapperState()
     try:
@@ -109,7 +114,12 @@ def numbering_key(mapper_index: int) -> tuple[str, str, int]:
 
 def read_numbering(txn: StoreTransaction, mapper_index: int) -> str | None:
     """The GUID of the instance whose numbering counts for ``mapper_index`` (None: none yet)."""
-    raw = txn.get(numbering_key(mapper_index))
+    return decode_numbering(txn.get(numbering_key(mapper_index)), mapper_index)
+
+
+def decode_numbering(raw: bytes | None, mapper_index: int) -> str | None:
+    """The numbering owner from the value read at :func:`numbering_key`, for a read
+    batched with others."""
     if raw is None:
         return None
     try:

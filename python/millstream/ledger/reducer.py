@@ -42,6 +42,18 @@ def read_reducer_state(
         ConfigurationError: The stored state has a different number of partitions.
     """
     raw = txn.get(reducer_state_key(reducer_index), snapshot=snapshot)
+    return decode_reducer_state(raw, reducer_index, num_partitions)
+
+
+def decode_reducer_state(
+    raw: bytes | None, reducer_index: int, num_partitions: int
+) -> ReducerState:
+    """Reducer ``reducer_index``'s state from the value read at :func:`reducer_state_key`
+    (the initial state if None), for a read batched with others.
+
+    Raises:
+        ConfigurationError: The stored state has a different number of partitions.
+    """
     if raw is None:
         return ReducerState.initial(num_partitions)
     try:

@@ -8,7 +8,8 @@ brain), a superseded one, or a forged GetRows from losing or doubling a row's ef
 - A reducer's commit re-reads the reducer's state with conflicts (a step of the commit:
   :mod:`millstream.workers.reducer_worker.commit`, counted in ``split_brains``) and, at
   least once, that every instance that served its rows still owns the numbering
-  (:func:`superseded_instances`, counted in ``superseded_fetches``).
+  (:func:`read_commit_fences`, which reads both in one batch; counted in
+  ``superseded_fetches``).
 - Claims: a GetRows request carries the reducer's committed row index, and the window pops
   (frees) every row up to it. A request forged by anyone who can reach the mapper's
   server, or sent by a reducer that broke the protocol, can claim rows that no reducer
@@ -26,7 +27,16 @@ import threading
 from collections.abc import Mapping
 
 from millstream.exceptions import MapperSupersededError, SplitBrainError, WindowLostRowsError
-from millstream.ledger import MapperState, read_mapper_state, read_numbering, read_reducer_state
+from millstream.ledger import (
+    MapperState,
+    ReducerState,
+    decode_mapper_state,
+    decode_numbering,
+    decode_reducer_state,
+    mapper_state_key,
+    numbering_key,
+    reducer_state_key,
+)
 from millstream.state import StoreTransaction
 
 
@@ -61,11 +71,14 @@ def check_claims(
 ) -> None:
     """Raise :class:`WindowLostRowsError` unless the store holds every claim.
 
-    Snapshot reads: committed indices only grow, so a value that covers a claim still does
-    at commit, and the mapper's transaction does not conflict with the reducers' commits.
+    The reducers' states are read in one batch, as snapshots: committed indices only grow,
+    so a value that covers a claim still does at commit, and the mapper's transaction does
+    not conflict with the reducers' commits.
     """
-    for reducer_index, claimed in sorted(claims.items()):
-        state = read_reducer_state(txn, reducer_index, num_mappers, snapshot=True)
+    claimed_by = sorted(claims.items())
+    raw = txn.get_each([reducer_state_key(r) for r, _ in claimed_by], snapshot=True)
+    for (reducer_index, claimed), value in zip(claimed_by, raw, strict=True):
+        state = decode_reducer_state(value, reducer_index, num_mappers)
         committed = state.committed_row_indices[mapper_index]
         if claimed > committed:
             raise WindowLostRowsError(
@@ -77,12 +90,32 @@ def check_claims(
             )
 
 
-def superseded_instances(txn: StoreTransaction, served_by: Mapping[int, str]) -> dict[int, str]:
-    """At least once: the mapper instances of ``served_by`` (mapper index: GUID of the
-    instance that served rows) that no longer own their mapper's numbering, read in the
-    reducer's commit transaction: rows of an instance a newer one took over from may be
-    numbered differently from the newer one's, so they are not committed."""
-    return {m: guid for m, guid in served_by.items() if read_numbering(txn, m) != guid}
+def read_commit_fences(
+    txn: StoreTransaction,
+    reducer_index: int,
+    num_partitions: int,
+    served_by: Mapping[int, str],
+) -> tuple[ReducerState, dict[int, str]]:
+    """The reads that fence a reducer's commit, in one batch (one round trip on a store
+    over the network), with conflicts: the reducer's state, which the commit compares
+    with the one its round started from (split brain), and, at least once, which of the
+    mapper instances of ``served_by`` (mapper index: GUID of the instance that served
+    rows; empty exactly once) no longer own their mapper's numbering: rows of an instance
+    a newer one took over from may be numbered differently from the newer one's, so they
+    are not committed.
+
+    Returns:
+        The reducer's state and the superseded instances (mapper index: GUID).
+    """
+    mappers = sorted(served_by)
+    raw = txn.get_each([reducer_state_key(reducer_index)] + [numbering_key(m) for m in mappers])
+    state = decode_reducer_state(raw[0], reducer_index, num_partitions)
+    superseded = {
+        m: served_by[m]
+        for m, owner in zip(mappers, raw[1:], strict=True)
+        if decode_numbering(owner, m) != served_by[m]
+    }
+    return state, superseded
 
 
 def check_mapper_state(
@@ -101,14 +134,18 @@ def check_mapper_state(
         MapperSupersededError: At least once, another instance took over the numbering of
             the mapper's rows.
     """
+    keys = [mapper_state_key(mapper_index)]
     if at_least_once:
-        owner = read_numbering(txn, mapper_index)
+        keys.append(numbering_key(mapper_index))
+    raw = txn.get_each(keys)  # one round trip on a store over the network
+    if at_least_once:
+        owner = decode_numbering(raw[1], mapper_index)
         if owner != mapper_guid:
             raise MapperSupersededError(
                 f"mapper {mapper_index}: instance {owner} took over the numbering of this "
                 f"mapper's rows from instance {mapper_guid}, which stops"
             )
-    current = read_mapper_state(txn, mapper_index)
+    current = decode_mapper_state(raw[0], mapper_index)
     if current != persisted:
         raise SplitBrainError(
             f"mapper {mapper_index}: persisted state changed under this instance "

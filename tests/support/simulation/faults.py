@@ -241,6 +241,16 @@ class _HookedTransaction:
             self._read_key = True
         return self._inner._raw_get(key, snapshot)
 
+    def get_each(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._hook.key in keys:
+            self._read_key = True
+        return self._inner.get_each(keys, *args, **kwargs)
+
+    def _raw_get_many(self, keys: list[bytes], snapshot: bool) -> Any:
+        if self._hook.raw_key in keys:
+            self._read_key = True
+        return self._inner._raw_get_many(keys, snapshot)
+
     def commit(self) -> None:
         fn = self._hook.fn
         if self._read_key and fn is not None:

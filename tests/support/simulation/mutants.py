@@ -8,7 +8,7 @@ here; the workers are unchanged outside the tests that patch them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from millstream import _core
@@ -18,7 +18,9 @@ from millstream.inputs.queue_chunks import encode_chunks
 from millstream.inputs.store_queue import StoreQueue
 from millstream.ledger import (
     ReducerState,
+    decode_reducer_state,
     read_mapper_state,
+    read_numbering,
     read_reducer_state,
     reducer_state_key,
     write_numbering,
@@ -27,7 +29,7 @@ from millstream.ledger import (
 from millstream.ledger import rescale as rescale_module
 from millstream.outputs import StagedOutputs
 from millstream.rpc.calls import GetRowsCall
-from millstream.state import StoreTransaction, pack, unpack
+from millstream.state import StoreTransaction, pack
 from millstream.workers import MapperWorker, ReducerWorker
 from millstream.workers.mapper_worker.ingest import record_batch_plan
 from millstream.workers.reducer_worker import commit as reducer_commit
@@ -203,17 +205,19 @@ def _reducer_trusts_unknown(
 
 
 def _snapshot_state_read(
-    txn: StoreTransaction, reducer_index: int, num_mappers: int
-) -> ReducerState:
+    txn: StoreTransaction,
+    reducer_index: int,
+    num_mappers: int,
+    served_by: Mapping[int, str],
+) -> tuple[ReducerState, dict[int, str]]:
     """Mutant (j): the reducer re-reads its state conflict-free (a snapshot read).
 
     The re-read inside the commit transaction then sees the state but does not guard it:
     a duplicate instance that commits between the re-read and the commit goes unnoticed.
     """
     raw = txn.get(reducer_state_key(reducer_index), snapshot=True)
-    if raw is None:
-        return ReducerState.initial(num_mappers)
-    return ReducerState(tuple(int(i) for i in unpack(raw)))
+    state = decode_reducer_state(raw, reducer_index, num_mappers)
+    return state, {m: guid for m, guid in served_by.items() if read_numbering(txn, m) != guid}
 
 
 def _append_outside_the_commit(self: StagedOutputs, txn: StoreTransaction) -> None:
@@ -326,7 +330,7 @@ MUTANTS: dict[str, tuple[object, str, Callable[..., Any]]] = {
     ),
     "reducer_rereads_state_as_snapshot": (
         reducer_commit,
-        "read_reducer_state",
+        "read_commit_fences",
         _snapshot_state_read,
     ),
     "mapper_serves_any_guid": (MapperWorker, "handle_get_rows", _get_rows_ignoring_guid),

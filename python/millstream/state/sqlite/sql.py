@@ -117,6 +117,9 @@ def begin_transaction(
 
 INT64 = struct.Struct("<q")
 IN_CHUNK = 500
+FEW_KEYS = 4
+"""Batch reads of at most this many keys read them one by one (a cached one-key statement
+each), not as one ``IN`` query."""
 
 SQL_GET = "SELECT value FROM kv WHERE key = ?"
 SQL_SET = (

@@ -22,6 +22,7 @@ from millstream.state.sqlite.runs import (
     list_runs,
 )
 from millstream.state.sqlite.sql import (
+    FEW_KEYS,
     IN_CHUNK,
     SQL_ADD,
     SQL_ADD_LANES,
@@ -192,6 +193,10 @@ class SqliteTransaction(StoreTransaction):
         return self._resolve(key, snapshot)
 
     def _raw_get_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
+        if len(keys) <= FEW_KEYS:
+            # A few unrelated keys (a fence's, an append's): a local store has no round
+            # trip to save, and a cached one-key statement each costs less than building one.
+            return [self._raw_get(key, snapshot) for key in keys]
         if not self._log:
             conn = self._reader()
             found = self._fetch_many(conn, keys, self._runs)

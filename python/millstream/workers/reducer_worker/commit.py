@@ -17,11 +17,11 @@ from millstream.exceptions import (
     TransactionTooLargeError,
     UserCodeError,
 )
-from millstream.ledger import ReducerState, read_reducer_state, reduced_key, write_reducer_state
+from millstream.ledger import ReducerState, reduced_key, write_reducer_state
 from millstream.outputs import StagedOutputs
 from millstream.state import StoreTransaction
 from millstream.state.replay import ReplayingTransaction
-from millstream.workers.fencing import superseded_instances
+from millstream.workers.fencing import read_commit_fences
 from millstream.workers.reducer_worker.instance import ReducerInstance
 from millstream.workers.reducer_worker.round_record import Round
 from millstream.workers.reducer_worker.settling import ROUND
@@ -86,22 +86,26 @@ class ReducerCommit(ReducerInstance):
                     txn.reset()
                     return False
                 new, rows, consumed = done.state, done.rows, done.consumed
-                if read_reducer_state(txn, self.index, self.processor.num_partitions) != state:
+                stored, superseded = read_commit_fences(
+                    txn,
+                    self.index,
+                    self.processor.num_partitions,
+                    served_by if self.processor.at_least_once else {},
+                )
+                if stored != state:
                     self.split_brains += 1
                     txn.reset()
                     return False
-                if self.processor.at_least_once:
-                    superseded = superseded_instances(txn, served_by)
-                    if superseded:
-                        self.superseded_fetches += 1
-                        log.info(
-                            "reducer %d: rows of superseded mapper instances %s are not "
-                            "committed; the instances that took over serve them again",
-                            self.index,
-                            superseded,
-                        )
-                        txn.reset()
-                        return False
+                if superseded:
+                    self.superseded_fetches += 1
+                    log.info(
+                        "reducer %d: rows of superseded mapper instances %s are not "
+                        "committed; the instances that took over serve them again",
+                        self.index,
+                        superseded,
+                    )
+                    txn.reset()
+                    return False
                 write_reducer_state(txn, self.index, new)
                 clear_committed_spill(txn, self.index, consumed)
                 txn.add(reduced_key(self.index, "rows"), rows)
