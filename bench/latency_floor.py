@@ -297,6 +297,9 @@ def run(
         "records_synchronous": records_synchronous,
         "committers": committers,
         "rounds": rounds,
+        # Commits: distinct commit times per process. Appends: distinct append stamps.
+        "commits": sum(int(np.unique(part["commit_ns"]).size) for part in parts),
+        "appends": int(np.unique(append_ns).size),
         "batches_planned": plan_seconds.size,
         "plan_ms": {
             q: float(np.percentile(plan_seconds, pct)) * 1000 if plan_seconds.size else 0.0
