@@ -13,14 +13,20 @@ path plus the hop: N more processes on the cores, a gRPC call, and N writers of 
 committing each reader's rows (with two readers, twice the commits of the readers'
 own for N = 2, as reducers committing each mapper's answer make).
 
+With ``rounds`` (``--rounds``), a committer commits as a reducer's round in the default
+layout does: it holds the calls until it has one from every reader, or
+:data:`ROUND_WAIT_SECONDS` after the call that came first (``get_rows_wait_seconds``), and
+commits them together in one transaction, answering each after. A reader's call waits for
+the other readers' rows, as a mapper's answer waits for the other mappers' in a round.
+
 The payload is a pickle of the sums' Arrow IPC stream and two int64 arrays: no protobuf,
-no window, no rounds, no bookkeeping. The committer saves (append ns, rows, commit ns) per
-append as the floor's readers do.
+no window, no bookkeeping. The committer saves (append ns, rows, commit ns) per append as
+the floor's readers do.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import pickle
 import threading
 import time
@@ -34,11 +40,29 @@ from typing import Any
 import grpc
 import numpy as np
 import pyarrow as pa
+from millstream.state import StoreTransaction
 
 from bench.latency_stats import save_append_times
 
 METHOD = "/floor.Hop/Commit"
 """The committer's one method: bytes in (a pickled read), empty bytes out after the commit."""
+
+ROUND_WAIT_SECONDS = 0.1
+"""With rounds, the longest a call waits for the other readers' calls: the default
+``Tuning.get_rows_wait_seconds``, a round's wait for its mappers' answers."""
+
+
+@dataclasses.dataclass
+class _Read:
+    """One reader's call, waiting for its commit."""
+
+    partition: int
+    sums: pa.Table
+    rows: int
+    end: int
+    stamps: np.ndarray
+    counts: np.ndarray
+    committed: bool = False
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -87,10 +111,12 @@ def serve_commits(
     ready: Connection,
     stop: Event,
     commit: Callable[..., None],
+    rounds: bool = False,
 ) -> None:
     """The committer process: serve :data:`METHOD` until ``stop``, committing each call's
     read with ``commit(txn, partition=, sums=, rows=, end=)`` (the floor's own transaction)
-    in one thread; then save the commit times. Sends its port through ``ready``."""
+    one transaction at a time, each call in its own or, with ``rounds``, the calls of every
+    reader together; then save the commit times. Sends its port through ``ready``."""
     from millstream.inputs import StoreQueue
 
     from bench.queue_producer import QUEUE_NAME, QUEUE_PREFIX
@@ -100,19 +126,34 @@ def serve_commits(
     appends: list[np.ndarray] = []
     rows: list[np.ndarray] = []
     commits: list[np.ndarray] = []
-    lock = threading.Lock()
+    changed = threading.Condition()
+    waiting: list[_Read] = []
+
+    def commit_waiting(txn: StoreTransaction) -> None:
+        for read in waiting:
+            commit(txn, partition=read.partition, sums=read.sums, rows=read.rows, end=read.end)
 
     def handle(request: bytes, _context: Any) -> bytes:
         partition, ipc, count, end, stamps, counts = pickle.loads(request)
         sums = pa.ipc.open_stream(ipc).read_all()
-        with lock:
-            store.transact(
-                functools.partial(commit, partition=partition, sums=sums, rows=count, end=end)
-            )
-            committed = time.time_ns()
-            appends.append(stamps)
-            rows.append(counts)
-            commits.append(np.full(stamps.size, committed, np.int64))
+        read = _Read(partition, sums, count, end, stamps, counts)
+        deadline = time.monotonic() + ROUND_WAIT_SECONDS
+        with changed:
+            waiting.append(read)
+            while not read.committed:
+                every_reader = len({w.partition for w in waiting}) >= partitions
+                if rounds and not every_reader and time.monotonic() < deadline:
+                    changed.wait(deadline - time.monotonic())
+                    continue
+                store.transact(commit_waiting)
+                committed = time.time_ns()
+                for done in waiting:
+                    done.committed = True
+                    appends.append(done.stamps)
+                    rows.append(done.counts)
+                    commits.append(np.full(done.stamps.size, committed, np.int64))
+                waiting.clear()
+                changed.notify_all()
         return b""
 
     handler = grpc.method_handlers_generic_handler(

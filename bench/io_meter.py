@@ -71,6 +71,8 @@ class ProcessIO:
     hwm_bytes: int = 0
     baseline: tuple[int, int, int, int] = (0, 0, 0, 0)
     alive: bool = True
+    exited: bool = False
+    """Exited and not reaped yet (a zombie): it runs and writes nothing more."""
     ppid: int = 0
     last_sample: int = -1
     gone_sample: int = -1
@@ -195,8 +197,9 @@ class IOReport:
         return groups
 
 
-def _read_stat(pid: int) -> tuple[int, int, str, int] | None:
-    """``(ppid, start time, comm, utime + stime)`` of a process, or None if it is gone."""
+def _read_stat(pid: int) -> tuple[int, int, str, int, bool] | None:
+    """``(ppid, start time, comm, utime + stime, exited)`` of a process (exited: a zombie,
+    not reaped yet), or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -205,7 +208,8 @@ def _read_stat(pid: int) -> tuple[int, int, str, int] | None:
     close = data.rfind(b")")
     comm = data[data.find(b"(") + 1 : close].decode(errors="replace")
     fields = data[close + 2 :].split()
-    return int(fields[1]), int(fields[19]), comm, int(fields[11]) + int(fields[12])
+    ticks = int(fields[11]) + int(fields[12])
+    return int(fields[1]), int(fields[19]), comm, ticks, fields[0] == b"Z"
 
 
 def _read_kv(path: str) -> dict[str, int]:
@@ -288,9 +292,11 @@ class ProcessTreeMeter:
         return self.report()
 
     def alive(self) -> int:
-        """Number of tracked processes still alive at the last sample."""
+        """Number of tracked processes still running at the last sample (one that exited
+        and waits to be reaped counts as ended: an orphan is reaped by init whenever init
+        gets to it, which this machine's init does a second or more later)."""
         with self._lock:
-            return sum(1 for p in self._tracked.values() if p.alive)
+            return sum(1 for p in self._tracked.values() if p.alive and not p.exited)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -302,7 +308,7 @@ class ProcessTreeMeter:
             self._sample_locked()
 
     def _sample_locked(self) -> None:
-        stats: dict[int, tuple[int, int, str, int]] = {}
+        stats: dict[int, tuple[int, int, str, int, bool]] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 st = _read_stat(int(entry))
@@ -348,6 +354,7 @@ class ProcessTreeMeter:
                 self._tracked[ident] = proc
             (proc.write_bytes, proc.cancelled_write_bytes, proc.wchar, proc.read_bytes) = counters
             proc.ppid, proc.last_sample, proc.cpu_ticks = st[0], self._samples, st[3]
+            proc.exited = st[4]
             proc.history.append((self._samples, counters))
             proc.rss_bytes = status.get("VmRSS", 0)
             proc.hwm_bytes = max(proc.hwm_bytes, status.get("VmHWM", 0))
@@ -407,7 +414,8 @@ def run_subprocess(
         env: Environment (default: inherited).
         cwd: Working directory.
         linger: After the command exits, keep sampling its remaining descendants (e.g. a
-            JVM that is still shutting down) for at most this many seconds.
+            JVM that is still shutting down) for at most this many seconds; one that has
+            exited and waits for init to reap it (an orphan) is not waited for.
         on_sample: Called about once per second with the meter (progress output).
 
     Returns:

@@ -26,6 +26,8 @@ Run::
 
     .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --committers 1
 
+    .venv/bin/python -m bench.latency_floor --rate 62500 --seconds 20 --committers 2 --rounds
+
 The second commits each reader's rows at most every 20 ms, the interval the reducers of
 :mod:`bench.latency` keep at this rate: what the commit cadence alone costs on the store.
 The third also makes, per read with rows and per trim, the store transactions an
@@ -33,7 +35,9 @@ exactly-once mapper makes (:mod:`bench.floor_mapper_records`): what exactly-once
 costs on the store, before any shuffle. The fourth sends each read through one gRPC call to
 a committer process that commits it (:mod:`bench.floor_hop`): the floor plus the one hop
 between processes that any shuffle of mappers and reducers in separate processes has
-(``--committers 2``: the rows split between two, as between two reducers).
+(``--committers 2``: the rows split between two, as between two reducers). The fifth
+commits as reducers in the default layout do, in rounds that wait for every reader's rows
+(:data:`bench.floor_hop.ROUND_WAIT_SECONDS`): the hop's floor with a round's wait.
 """
 
 from __future__ import annotations
@@ -173,6 +177,7 @@ def run(
     delivery: str = "at_least_once",
     records_synchronous: str = "full",
     committers: int = 0,
+    rounds: bool = False,
 ) -> dict[str, Any]:
     """One run at ``rate`` rows/s for ``seconds``; latency (seconds) over the rows
     appended after the first ``warmup`` seconds, and the exactness check. A
@@ -181,7 +186,8 @@ def run(
     an exactly-once mapper does (:mod:`bench.floor_mapper_records`), with
     ``records_synchronous="normal"`` committed without an fsync of their own. ``committers``
     (0: none) split each read among that many committer processes that commit it
-    (:mod:`bench.floor_hop`).
+    (:mod:`bench.floor_hop`), with ``rounds`` each committer's calls from every reader
+    together.
 
     ``store`` is a store URL to run on (``fdb://<cluster file>``, emptied first); by
     default an embedded SQLite file in a temporary folder."""
@@ -202,7 +208,7 @@ def run(
             ready, port = ctx.Pipe()
             process = ctx.Process(
                 target=serve_commits,
-                args=(url, partitions, outs[-1], ready, stop, _commit),
+                args=(url, partitions, outs[-1], ready, stop, _commit, rounds),
                 name=f"floor-committer-{index}",
                 daemon=True,
             )
@@ -290,6 +296,10 @@ def run(
         "delivery": delivery,
         "records_synchronous": records_synchronous,
         "committers": committers,
+        "rounds": rounds,
+        # Commits: distinct commit times per process. Appends: distinct append stamps.
+        "commits": sum(int(np.unique(part["commit_ns"]).size) for part in parts),
+        "appends": int(np.unique(append_ns).size),
         "batches_planned": plan_seconds.size,
         "plan_ms": {
             q: float(np.percentile(plan_seconds, pct)) * 1000 if plan_seconds.size else 0.0
@@ -348,6 +358,12 @@ def main(argv: list[str] | None = None) -> None:
         help="split each read by key among this many committer processes, one gRPC call "
         "to each, that commit it (0: each reader commits its own reads)",
     )
+    parser.add_argument(
+        "--rounds",
+        action="store_true",
+        help="with committers: each commits the calls of every reader together, as a "
+        "round of the default layout does (bench.floor_hop.ROUND_WAIT_SECONDS at most)",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument(
         "--store", default=None, metavar="URL", help="fdb://<cluster file> (emptied first)"
@@ -373,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
             delivery=args.delivery,
             records_synchronous=args.records_synchronous,
             committers=args.committers,
+            rounds=args.rounds,
         )
         lat = r["latency"]
         figures = " | ".join(f"{lat[q] * 1000:.1f}" for q in ("p50", "p90", "p99", "p99.9", "max"))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench.io_meter import (
@@ -69,6 +71,35 @@ def test_subprocess_tree_including_children(tmp_path: Path) -> None:
     assert report.wait4_oublock_bytes is not None
     assert report.wait4_oublock_bytes >= (children + 1) * size
     assert report.wchar >= size
+
+
+def test_an_exited_child_not_reaped_yet_has_ended_with_its_bytes(tmp_path: Path) -> None:
+    """A child that exited and waits to be reaped (a zombie) no longer counts as running,
+    and what it wrote is counted."""
+    meter = ProcessTreeMeter([os.getpid()], interval=10.0)
+    meter.start()
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path / "z.bin"), str(2 * MB), "0"]
+    )
+    try:
+        meter.sample()  # the child, running
+        while _state(child.pid) != "Z":
+            time.sleep(0.01)
+        meter.sample()  # exited, not reaped: Popen reaps only in wait() or poll()
+        assert meter.alive() == 1  # this process alone
+        report = meter.report()
+        (zombie,) = [p for p in report.processes if p.pid == child.pid]
+        assert zombie.exited
+        assert zombie.written >= 2 * MB
+    finally:
+        child.wait()
+        meter.stop()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rfind(b")") + 2 :].split()[0].decode()
 
 
 def test_process_alive_at_start_counts_from_its_baseline(tmp_path: Path) -> None:

@@ -95,24 +95,26 @@ def _check(txn, model: dict[tuple, bytes]) -> None:
     assert tail == expected[:4]
 
 
+@pytest.mark.parametrize("min_keys", [1, 40])
 @settings(
     max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(st.lists(st.lists(OPS, min_size=1, max_size=4), min_size=1, max_size=40))
+@given(st.lists(st.lists(OPS, min_size=1, max_size=6), min_size=1, max_size=40))
 def test_runs_read_and_write_as_the_table_does(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transactions
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, min_keys: int, transactions
 ) -> None:
     """Random transactions (adds of several widths, sets, clears, cleared ranges) on a
-    store whose every ``add_many`` is a run equal a model of FoundationDB's semantics,
-    read back inside each transaction (with its own writes) and after each commit. Two
-    runs of a size merge here once there are more than two (eight, beyond 24, by
-    default), so merges happen between the rest."""
+    store whose every ``add_many`` is a run (``min_keys`` 1), or whose batches next to
+    each other are one run once they hold 40 keys together (each holds at most 30), equal
+    a model of FoundationDB's semantics, read back inside each transaction (with its own
+    writes) and after each commit. Two runs of a size merge here once there are more than
+    two (eight, beyond 24, by default), so merges happen between the rest."""
     monkeypatch.setattr(run_merge, "FANOUT", 2)
     monkeypatch.setattr(run_merge, "MERGE_ABOVE", 2)
     path = tmp_path / f"runs-{len(list(tmp_path.iterdir()))}.db"
-    store = open_store(f"sqlite:///{path}?run_min_keys=1", prefix=("t",))
+    store = open_store(f"sqlite:///{path}?run_min_keys={min_keys}", prefix=("t",))
     model: dict[tuple, bytes] = {}
     try:
         for ops in transactions:

@@ -45,10 +45,12 @@ import pyarrow.compute as pc
 from millstream.state.keys import EncodedKeys
 
 DEFAULT_RUN_MIN_KEYS = 256
-"""Keys an ``add_many`` must hold to become a run (fewer: upserted into the table, where
-a few keys dirty a few pages). Even a commit of a thousand keys into a table of 100,000
-dirties most of its pages (1,250 keys: ~750 pages of 4 KiB, 11 ms of commit against 1 for
-the run), and the store's one write lock queues every other writer behind it.
+"""Keys an ``add_many`` must hold to become a run, together with the batches of its width
+next to it in the commit (fewer: upserted into the table, where a few keys dirty a few
+pages; :func:`~millstream.state.sqlite.write_buffer.run_stretches`). Even a commit of a
+thousand keys into a table of 100,000 dirties most of its pages (1,250 keys: ~750 pages
+of 4 KiB, 11 ms of commit against 1 for the run), and the store's one write lock queues
+every other writer behind it.
 ``run_min_keys=N`` in the store URL; 0 never makes runs."""
 
 INDEXED_KEYS = 16_384
@@ -338,11 +340,6 @@ class EncodedRun:
     def of_batch(cls, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> EncodedRun:
         """The run of one ``add_many`` (see :meth:`Run.of_batch`), encoded."""
         return cls.of_run(Run.of_batch(keys, deltas))
-
-
-def becomes_run(keys: Sequence[bytes], min_keys: int) -> bool:
-    """Whether an ``add_many`` of ``keys`` is stored as a run (``run_min_keys``)."""
-    return min_keys > 0 and len(keys) >= min_keys
 
 
 def insert_run(conn: sqlite3.Connection, encoded: EncodedRun, order: int) -> RunInfo:

@@ -17,8 +17,8 @@ from millstream.state.sqlite.run_writer import RunWriter
 from millstream.state.sqlite.runs import (
     SQL_LIST_RUNS,
     EncodedRun,
+    Run,
     RunInfo,
-    becomes_run,
     list_runs,
 )
 from millstream.state.sqlite.sql import (
@@ -44,6 +44,7 @@ from millstream.state.sqlite.write_buffer import (
     PointOps,
     apply_adds,
     compose,
+    run_stretches,
 )
 from millstream.state.transaction import StoreTransaction
 
@@ -372,22 +373,26 @@ class SqliteTransaction(StoreTransaction):
                     "read them; retry the transaction (Store.transact does so)"
                 )
 
-    def _encoded_runs(self) -> dict[int, EncodedRun]:
-        """The runs this commit's large ``add_many`` batches become (by the batch's
-        ``id``), sorted and encoded before the write lock is taken."""
-        min_keys = self._sqlite.run_min_keys
-        return {
-            id(op): EncodedRun.of_batch(op.keys, op.deltas)
-            for op in self._log
-            if isinstance(op, BatchAdd) and becomes_run(op.keys, min_keys)
-        }
+    def _encoded_runs(self) -> dict[int, EncodedRun | None]:
+        """The runs this commit's ``add_many`` batches become (:func:`run_stretches`),
+        sorted and encoded before the write lock is taken: by the ``id`` of each batch of
+        a stretch, its run for the first and None for the others (in it already)."""
+        encoded: dict[int, EncodedRun | None] = {}
+        for stretch in run_stretches(self._log, self._sqlite.run_min_keys):
+            runs = [Run.of_batch(op.keys, op.deltas) for op in stretch]
+            run = runs[0] if len(runs) == 1 else Run.merge(runs)
+            encoded |= dict.fromkeys(map(id, stretch[1:]))
+            encoded[id(stretch[0])] = EncodedRun.of_run(run)
+        return encoded
 
     def _apply(
-        self, conn: sqlite3.Connection, runs: RunWriter, encoded: dict[int, EncodedRun]
+        self, conn: sqlite3.Connection, runs: RunWriter, encoded: dict[int, EncodedRun | None]
     ) -> None:
         for op in self._log:
             if id(op) in encoded:
-                runs.add(encoded[id(op)])
+                run = encoded[id(op)]
+                if run is not None:
+                    runs.add(run)
                 continue
             if runs.runs and self._before_runs(op, runs):
                 runs.flush()

@@ -84,6 +84,11 @@ class BatchAdd:
     def lanes(self) -> bool:
         return bool(self.deltas) and isinstance(self.deltas[0], bytes)
 
+    @property
+    def width(self) -> int:
+        """Counters per key: int64 lanes, or 1 for int deltas."""
+        return len(cast(bytes, self.deltas[0])) // 8 if self.lanes else 1
+
     def index(self) -> dict[bytes, Any]:
         if self._index is None:
             if self.lanes:
@@ -100,6 +105,29 @@ class BatchAdd:
 
 
 Op = PointOps | ClearRange | BatchSet | BatchAdd
+
+
+def run_stretches(log: Sequence[Op], min_keys: int) -> list[list[BatchAdd]]:
+    """The ``add_many`` batches of ``log`` that become runs, one run per stretch: batches
+    of one width next to each other in the log (nothing written between them), holding at
+    least ``min_keys`` keys together (0: no runs).
+
+    A reducer that adds a pane's or a group's counters with one ``add_many`` each makes
+    dozens of batches in one commit; as one run each they would pile up faster than the
+    merger folds them. Adds of one width commute, so a stretch is one run at its place.
+    """
+    if min_keys <= 0:
+        return []
+    stretches: list[list[BatchAdd]] = []
+    stretch: list[BatchAdd] = []
+    for op in [*log, None]:
+        if isinstance(op, BatchAdd) and op.keys and (not stretch or op.width == stretch[0].width):
+            stretch.append(op)
+            continue
+        if sum(len(batch.keys) for batch in stretch) >= min_keys:
+            stretches.append(stretch)
+        stretch = [op] if isinstance(op, BatchAdd) and op.keys else []
+    return stretches
 
 
 def compose(prev: tuple[int, Any] | None, kind: int, payload: Any) -> tuple[int, Any]:
