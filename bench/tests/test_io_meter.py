@@ -39,6 +39,15 @@ for pid in pids:
 write(path)
 """
 
+LATE_WRITER = """
+import os, sys, time
+time.sleep(0.2)
+with open(sys.argv[1], "wb") as f:
+    f.write(os.urandom(2 << 20))
+    f.flush()
+    os.fsync(f.fileno())
+"""
+
 
 def _write_fsync(path: Path, size: int) -> None:
     with open(path, "wb") as f:
@@ -74,21 +83,18 @@ def test_subprocess_tree_including_children(tmp_path: Path) -> None:
 
 
 def test_an_exited_child_not_reaped_yet_has_ended_with_its_bytes(tmp_path: Path) -> None:
-    """A child that exited and waits to be reaped (a zombie) no longer counts as running,
+    """A process that exited and waits to be reaped (a zombie) no longer counts as running,
     and what it wrote is counted."""
-    meter = ProcessTreeMeter([os.getpid()], interval=10.0)
-    meter.start()
-    child = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(tmp_path / "z.bin"), str(2 * MB), "0"]
-    )
+    child = subprocess.Popen([sys.executable, "-c", LATE_WRITER, str(tmp_path / "z.bin")])
+    meter = ProcessTreeMeter([child.pid], interval=10.0)
+    meter.start()  # its baseline, before it writes
     try:
-        meter.sample()  # the child, running
+        assert meter.alive() == 1
         while _state(child.pid) != "Z":
             time.sleep(0.01)
         meter.sample()  # exited, not reaped: Popen reaps only in wait() or poll()
-        assert meter.alive() == 1  # this process alone
-        report = meter.report()
-        (zombie,) = [p for p in report.processes if p.pid == child.pid]
+        assert meter.alive() == 0
+        (zombie,) = meter.report().processes
         assert zombie.exited
         assert zombie.written >= 2 * MB
     finally:
