@@ -11,6 +11,7 @@ from pathlib import Path
 from bench.io_meter import (
     ProcessIO,
     ProcessTreeMeter,
+    _read_stat,
     _subtract_reaped,
     measure_callable,
     run_subprocess,
@@ -90,7 +91,7 @@ def test_an_exited_child_not_reaped_yet_has_ended_with_its_bytes(tmp_path: Path)
     meter.start()  # its baseline, before it writes
     try:
         assert meter.alive() == 1
-        while _state(child.pid) != "Z":
+        while not _read_stat(child.pid)[4]:  # type: ignore[index]
             time.sleep(0.01)
         meter.sample()  # exited, not reaped: Popen reaps only in wait() or poll()
         assert meter.alive() == 0
@@ -100,12 +101,6 @@ def test_an_exited_child_not_reaped_yet_has_ended_with_its_bytes(tmp_path: Path)
     finally:
         child.wait()
         meter.stop()
-
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    return data[data.rfind(b")") + 2 :].split()[0].decode()
 
 
 def test_process_alive_at_start_counts_from_its_baseline(tmp_path: Path) -> None:

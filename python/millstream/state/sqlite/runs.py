@@ -336,11 +336,6 @@ class EncodedRun:
         data = run.encode()
         return cls(run, data, generation())
 
-    @classmethod
-    def of_batch(cls, keys: Sequence[bytes], deltas: list[int] | list[bytes]) -> EncodedRun:
-        """The run of one ``add_many`` (see :meth:`Run.of_batch`), encoded."""
-        return cls.of_run(Run.of_batch(keys, deltas))
-
 
 def insert_run(conn: sqlite3.Connection, encoded: EncodedRun, order: int) -> RunInfo:
     """Store ``encoded`` at ``order`` among the runs."""

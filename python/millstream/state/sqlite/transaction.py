@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from millstream.exceptions import (
     StoreConflictError,
@@ -424,8 +424,7 @@ class SqliteTransaction(StoreTransaction):
             return runs.needs_flush(op.ops, lambda k: 1 if op.ops[k][0] == ADD else 0)
         if isinstance(op, BatchSet):
             return runs.needs_flush(op.keys, lambda k: 0)
-        width = len(cast(bytes, op.deltas[0])) // 8 if op.lanes else 1
-        return runs.needs_flush(op.keys, lambda k: width)
+        return runs.needs_flush(op.keys, lambda k: op.width)
 
     def _raw_commit(self) -> None:
         if not self._log:

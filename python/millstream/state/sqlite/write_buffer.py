@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any, cast
 
 from millstream.state.keys import (
@@ -119,14 +120,10 @@ def run_stretches(log: Sequence[Op], min_keys: int) -> list[list[BatchAdd]]:
     if min_keys <= 0:
         return []
     stretches: list[list[BatchAdd]] = []
-    stretch: list[BatchAdd] = []
-    for op in [*log, None]:
-        if isinstance(op, BatchAdd) and op.keys and (not stretch or op.width == stretch[0].width):
-            stretch.append(op)
-            continue
-        if sum(len(batch.keys) for batch in stretch) >= min_keys:
-            stretches.append(stretch)
-        stretch = [op] if isinstance(op, BatchAdd) and op.keys else []
+    for width, ops in groupby(log, key=lambda op: op.width if isinstance(op, BatchAdd) else 0):
+        batches = cast(list[BatchAdd], list(ops))
+        if width and sum(len(batch.keys) for batch in batches) >= min_keys:
+            stretches.append(batches)
     return stretches
 
 
